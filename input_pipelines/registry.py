@@ -1,0 +1,69 @@
+"""Registry of input pipelines and the contract every pipeline follows.
+
+A pipeline builder is called once per worker process as
+``builder(config, shard, split, batch_size) -> Batches``:
+
+- ``shard`` says which part of the data this process reads (file-level sharding by
+  ``shard.index`` of ``shard.count``; record-level with ``config.record_sharding``), and where
+  the process sits on its node (``local_index`` of ``local_count``, for node-local staging).
+- ``split`` is ``"train"`` or ``"validation"``.
+- ``batch_size`` is this process's batch (per-replica batch x replicas in this process).
+- The ``"train"`` dataset repeats forever (the trainer counts steps); batches are
+  ``(images float32 [B,H,W,C], labels int32 [B])`` for classification and
+  ``(images float32 [B,H,W,C], labels int32 [B,H,W])`` for segmentation, with
+  ``drop_remainder=True`` so shapes are static.
+- ``Batches.examples`` is the number of examples of the split this shard sees per epoch, or
+  ``None`` when unbounded (synthetic data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tfscale.registry import Registry
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from tfscale.config import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """The part of the data one worker process reads."""
+
+    index: int = 0
+    count: int = 1
+    local_index: int = 0
+    local_count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"shard index {self.index} is not in [0, {self.count})")
+        if not 0 <= self.local_index < self.local_count:
+            raise ValueError(f"local index {self.local_index} is not in [0, {self.local_count})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches:
+    """A worker's batched dataset and how many examples it sees per epoch."""
+
+    dataset: tf.data.Dataset
+    examples: int | None
+
+
+PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
+PIPELINES: Registry[PipelineBuilder] = Registry("dataset")
+SPLITS = ("train", "validation")
+
+
+def register(name: str, description: str, task: str) -> Callable[[PipelineBuilder], PipelineBuilder]:
+    """Registers a pipeline builder under ``name`` for ``task`` (classification|segmentation)."""
+    return PIPELINES.register(name, description, task=task)
+
+
+def task_of(name: str) -> str:
+    """The task (classification|segmentation) of registered dataset ``name``."""
+    return str(PIPELINES.entry(name).meta["task"])

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Build (or reuse a cached build of) Horovod 0.28.1 for the venv's TensorFlow.
+#
+# Horovod 0.28.1 is the last release and its source does not compile against TF 2.21: the XLA
+# custom-call op (horovod/tensorflow/xla_mpi_ops.cc) uses XLA headers that TF no longer ships.
+# We drop that one file from the CMake source list; the remaining ops (allreduce, grouped
+# allreduce, broadcast, allgather, process sets) build and work. Consequence: Horovod ops cannot
+# run inside an XLA-compiled function (tfscale keeps the all-reduce outside jit_compile).
+#
+# Usage: launch/build_horovod.sh PYTHON     (PYTHON = the venv's interpreter)
+# Env:   TFSCALE_WHEEL_CACHE  where built wheels are kept (default ~/.cache/tfscale/wheels)
+#        TFSCALE_WITH_MPI=1|0 force MPI support on/off (default: on when mpicxx is found)
+set -euo pipefail
+PY=${1:?usage: build_horovod.sh PYTHON}
+HVD_VERSION=0.28.1
+CACHE=${TFSCALE_WHEEL_CACHE:-$HOME/.cache/tfscale/wheels}
+
+with_mpi=${TFSCALE_WITH_MPI:-auto}
+if [ "$with_mpi" = auto ]; then
+  if command -v mpicxx >/dev/null 2>&1; then with_mpi=1; else with_mpi=0; fi
+fi
+tf_version=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+mpi_tag=$([ "$with_mpi" = 1 ] && echo mpi || echo gloo)
+key="horovod-${HVD_VERSION}_tf-${tf_version}_${py_tag}_${mpi_tag}"
+dest="$CACHE/$key"
+
+if "$PY" -c "import horovod.tensorflow as h, sys; sys.exit(0 if h.gloo_built() and (h.mpi_built() or $with_mpi == 0) else 1)" 2>/dev/null; then
+  echo "[build_horovod] horovod already installed ($key)"
+  exit 0
+fi
+
+if ! ls "$dest"/horovod-*.whl >/dev/null 2>&1; then
+  echo "[build_horovod] building $key (about 2-3 minutes on 2 cores)"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "$PY" -m pip download --quiet --no-deps --no-binary=:all: "horovod==${HVD_VERSION}" -d "$work"
+  tar -xzf "$work"/horovod-${HVD_VERSION}.tar.gz -C "$work"
+  src="$work/horovod-${HVD_VERSION}"
+  cml="$src/horovod/tensorflow/CMakeLists.txt"
+  grep -q 'xla_mpi_ops.cc' "$cml" || { echo "[build_horovod] expected xla_mpi_ops.cc in $cml" >&2; exit 1; }
+  sed -i '/xla_mpi_ops\.cc/d' "$cml"
+  mpi_env=(HOROVOD_WITHOUT_MPI=1)
+  [ "$with_mpi" = 1 ] && mpi_env=(HOROVOD_WITH_MPI=1)
+  mkdir -p "$work/wheel"
+  env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 "${mpi_env[@]}" \
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+      "$PY" -m pip wheel --no-deps --no-build-isolation -w "$work/wheel" "$src"
+  mkdir -p "$dest"
+  cp "$work"/wheel/horovod-*.whl "$dest/"
+fi
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$dest"/horovod-*.whl
+echo "[build_horovod] installed $key"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Idempotent set-up: .venv with the pinned stack, the dev tools, and Horovod built from source.
+# Safe to run again: each step is skipped when its result is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+if [ "${TFSCALE_WITH_MPI:-0}" = 1 ] && ! command -v mpicxx >/dev/null; then
+  echo "[setup] installing OpenMPI from Debian's packages"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.requirements.sha
+want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing requirements (TensorFlow is ~250 MB, first time only)"
+  .venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel cmake
+  .venv/bin/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+  echo "$want" > "$stamp"
+fi
+launch/build_horovod.sh "$PWD/.venv/bin/python"

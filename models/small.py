@@ -1,0 +1,47 @@
+"""Small models for tests and communication-sensitive benchmarks."""
+
+from __future__ import annotations
+
+import keras
+from keras import layers
+
+from models.registry import register
+from tfscale.config import TrainConfig
+
+
+def tiny_cnn(
+    input_shape: tuple[int, int, int], num_classes: int, width: int = 8
+) -> keras.Model:
+    """Two convolutions, global pooling and a dense head; no batch normalization, so a step on
+    a split batch equals a step on the whole batch (used by the strategy equivalence tests)."""
+    inputs = keras.Input(shape=input_shape)
+    x = layers.Conv2D(width, 3, strides=2, padding="same", activation="relu")(inputs)
+    x = layers.Conv2D(2 * width, 3, strides=2, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    outputs = layers.Dense(num_classes, dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="tiny_cnn")
+
+
+def mlp(input_shape: tuple[int, int, int], num_classes: int, width: int = 512) -> keras.Model:
+    """A flat multi-layer perceptron: many parameters per FLOP, so it is communication-bound."""
+    inputs = keras.Input(shape=input_shape)
+    x = layers.Flatten()(inputs)
+    x = layers.Dense(width, activation="relu")(x)
+    x = layers.Dense(width, activation="relu")(x)
+    outputs = layers.Dense(num_classes, dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="mlp")
+
+
+def _shape(cfg: TrainConfig) -> tuple[int, int, int]:
+    return (cfg.image_size, cfg.image_size, cfg.input_channels)
+
+
+@register("tiny_cnn", "2-conv CNN without batch norm, for tests", task="classification")
+def build_tiny_cnn(cfg: TrainConfig) -> keras.Model:
+    return tiny_cnn(_shape(cfg), cfg.num_classes)
+
+
+@register("mlp", "3-layer perceptron (communication-bound), for scaling tests",
+          task="classification")
+def build_mlp(cfg: TrainConfig) -> keras.Model:
+    return mlp(_shape(cfg), cfg.num_classes)

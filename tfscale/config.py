@@ -1,0 +1,175 @@
+"""The frozen, validated training configuration.
+
+Flags (``tfscale/flags.py``) are turned into one :class:`TrainConfig` at the entry point; library
+code takes this object and never reads absl ``FLAGS``. Validation here covers values that can be
+checked without importing TensorFlow or the plugins; plugin names are checked against the
+registries by :func:`tfscale.plugins.validate_names`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
+XLA_MODES = ("off", "jit", "auto")
+LR_SCALINGS = ("none", "linear")
+LR_SCHEDULES = ("constant", "cosine", "step", "polynomial")
+OPTIMIZERS = ("sgd", "nesterov", "adamw", "lamb", "lars", "larc")
+LARC_MODES = ("clip", "scale")
+COLLECTIVES = ("auto", "ring", "nccl")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs. Build it with keyword arguments; it validates itself."""
+
+    # What to train.
+    model: str = "resnet50"
+    dataset: str = "synthetic"
+    strategy: str = "default"
+    num_processes: int = 1
+    # Data and shapes. ``batch_size`` is per replica; the global batch is derived.
+    batch_size: int = 32
+    steps: int = 100
+    epochs: int = 1
+    image_size: int = 224
+    input_channels: int = 3
+    num_classes: int = 1000
+    data_dir: str = ""
+    validation_steps: int = 0
+    shuffle_buffer: int = 1024
+    prefetch: int = 0
+    cache: bool = False
+    deterministic: bool = False
+    stage_dir: str = ""
+    skip_corrupt: bool = False
+    record_sharding: bool = False
+    # Optimisation.
+    optimizer: str = "sgd"
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_scaling: str = "none"
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    lr_decay_steps: str = ""
+    lr_decay_factor: float = 0.1
+    lars_eta: float = 0.001
+    larc_mode: str = "clip"
+    lars_exclude_bias_bn: bool = True
+    class_weights: str = ""
+    label_smoothing: float = 0.0
+    # Compute.
+    precision: str = "fp32"
+    xla: str = "off"
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    cpu_binding: bool = False
+    # Distribution.
+    cpu_replicas: int = 0
+    collective: str = "auto"
+    collective_timeout_s: float = 0.0
+    ddl_local_size: int = 0
+    fp16_allreduce: bool = False
+    fusion_threshold_mb: float = -1.0
+    cycle_time_ms: float = -1.0
+    # Output and reliability.
+    model_dir: str = ""
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    seed: int = 0
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if not self.model_dir:
+            object.__setattr__(
+                self, "model_dir", f"runs/{self.model}-{self.dataset}-{self.strategy}"
+            )
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, as written into results.json."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @property
+    def decay_boundaries(self) -> tuple[int, ...]:
+        """``lr_decay_steps`` parsed as step boundaries for the ``step`` schedule."""
+        return _parse_ints(self.lr_decay_steps, "lr_decay_steps")
+
+
+def _parse_ints(text: str, name: str) -> tuple[int, ...]:
+    if not text.strip():
+        return ()
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--{name}={text!r}: expected comma-separated integers, e.g. 1000,2000"
+        ) from None
+
+
+def _choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ValueError(f"--{name}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def _at_least(cfg: TrainConfig, name: str, low: float) -> None:
+    value = getattr(cfg, name)
+    if value < low:
+        raise ValueError(f"--{name}={value} is not valid; expected a value >= {low}")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Checks every value that does not need a plugin registry.
+
+    Raises:
+        ValueError: naming the flag, the bad value and what is expected.
+    """
+    for name, choices in (
+        ("precision", PRECISIONS),
+        ("xla", XLA_MODES),
+        ("lr_scaling", LR_SCALINGS),
+        ("lr_schedule", LR_SCHEDULES),
+        ("optimizer", OPTIMIZERS),
+        ("larc_mode", LARC_MODES),
+        ("collective", COLLECTIVES),
+    ):
+        _choice(cfg, name, choices)
+    for name in ("num_processes", "batch_size", "epochs", "image_size", "input_channels",
+                 "keep_checkpoints", "log_every"):
+        _at_least(cfg, name, 1)
+    _at_least(cfg, "num_classes", 2)
+    for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every", "cpu_replicas",
+                 "ddl_local_size", "intra_op_threads", "inter_op_threads", "prefetch",
+                 "shuffle_buffer", "weight_decay", "momentum", "collective_timeout_s",
+                 "label_smoothing", "lars_eta"):
+        _at_least(cfg, name, 0)
+    if not cfg.learning_rate > 0:
+        raise ValueError(f"--learning_rate={cfg.learning_rate} is not valid; expected > 0")
+    if cfg.steps == 0 and cfg.dataset == "synthetic":
+        raise ValueError("--steps=0 (one pass over the data) needs a finite dataset, "
+                         "not --dataset=synthetic; give --steps > 0")
+    if cfg.steps and cfg.steps < cfg.epochs:
+        raise ValueError(f"--steps={cfg.steps} is fewer than --epochs={cfg.epochs}; "
+                         "each epoch needs at least one step")
+    if cfg.warmup_steps and cfg.steps and cfg.warmup_steps > cfg.steps:
+        raise ValueError(f"--warmup_steps={cfg.warmup_steps} exceeds --steps={cfg.steps}")
+    if cfg.label_smoothing >= 1:
+        raise ValueError(f"--label_smoothing={cfg.label_smoothing} must be in [0, 1)")
+    if cfg.lr_schedule == "step" and not cfg.decay_boundaries:
+        raise ValueError("--lr_schedule=step needs --lr_decay_steps, e.g. --lr_decay_steps=30,60")
+    if cfg.ddl_local_size and cfg.strategy != "ddl":
+        raise ValueError("--ddl_local_size only applies to --strategy=ddl")
+    if cfg.cpu_replicas and cfg.strategy != "mirrored":
+        raise ValueError("--cpu_replicas only applies to --strategy=mirrored")

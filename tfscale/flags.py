@@ -1,0 +1,130 @@
+"""All absl flags of ``python -m tfscale.train``, and their conversion into a TrainConfig.
+
+Flags mirror :class:`tfscale.config.TrainConfig` one to one: a flag is defined per config field,
+with the field's default and the help text below, so the two cannot drift apart. Only the entry
+point reads ``FLAGS``; it calls :func:`config_from_flags`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from absl import flags
+
+from tfscale import config as cfg_mod
+from tfscale.config import TrainConfig
+
+HELP: dict[str, str] = {
+    "model": "Model to train (see --list).",
+    "dataset": "Input pipeline (see --list).",
+    "strategy": "Distribution strategy (see --list).",
+    "num_processes": "Launch N local workers and wait for them; 1 runs in this process. Under "
+    "horovodrun/mpirun/srun it must match the job's size.",
+    "batch_size": "Batch size per replica; the global batch is batch_size x replicas.",
+    "steps": "Total training steps (0 = epochs x one pass over a finite dataset).",
+    "epochs": "Number of epochs the steps are divided into (logs, metrics, checkpoints).",
+    "image_size": "Height and width of input images.",
+    "input_channels": "Channels of the input (3 for RGB, 16 for climate data).",
+    "num_classes": "Number of classes.",
+    "data_dir": "Directory or glob of the dataset's files.",
+    "validation_steps": "Validation batches per epoch (0 = no validation).",
+    "shuffle_buffer": "Records in the shuffle buffer (0 = no record shuffling).",
+    "prefetch": "Batches to prefetch (0 = AUTOTUNE).",
+    "cache": "Cache decoded records in memory after the first epoch.",
+    "deterministic": "Reproducible runs: fixed op order and data order, exact resume.",
+    "stage_dir": "Copy this worker's shards to this node-local directory before training.",
+    "skip_corrupt": "Skip corrupt files/records (and report how many) instead of failing.",
+    "record_sharding": "Shard by record instead of by file (when there are fewer files than "
+    "workers).",
+    "optimizer": "Optimizer.",
+    "learning_rate": "Base learning rate (for the reference batch before --lr_scaling).",
+    "momentum": "Momentum (SGD/Nesterov/LARS/LARC) or beta_1 (AdamW/LAMB).",
+    "weight_decay": "Weight decay.",
+    "lr_scaling": "linear: multiply the learning rate by the number of workers (Goyal et al.).",
+    "warmup_steps": "Linear learning-rate warmup steps from 0 to the scaled rate.",
+    "lr_schedule": "Decay after warmup.",
+    "lr_decay_steps": "Comma-separated step boundaries for --lr_schedule=step.",
+    "lr_decay_factor": "Multiplier at each boundary of --lr_schedule=step.",
+    "lars_eta": "LARS/LARC trust coefficient.",
+    "larc_mode": "LARC: clip the local rate at the global one, or scale by the trust ratio.",
+    "lars_exclude_bias_bn": "Exclude biases and batch-norm parameters from LARS/LARC adaptation "
+    "and weight decay.",
+    "class_weights": "Per-class loss weights: comma-separated numbers or a JSON file written by "
+    "input_pipelines.class_weights.",
+    "label_smoothing": "Label smoothing for classification.",
+    "precision": "Compute precision (mixed = float16/bfloat16 compute, float32 variables).",
+    "xla": "off; jit = compile the training step; auto = TF auto-clustering.",
+    "intra_op_threads": "TF intra-op threads (0 = TF's choice).",
+    "inter_op_threads": "TF inter-op threads (0 = TF's choice).",
+    "cpu_binding": "Bind each local worker to its own share of the cores.",
+    "cpu_replicas": "mirrored on CPU: split the CPU into N logical devices (replicas).",
+    "collective": "multiworker collective implementation.",
+    "collective_timeout_s": "Collective timeout in seconds; a dead peer raises instead of hanging "
+    "(0 = library default).",
+    "ddl_local_size": "ddl: processes per node, overriding the launcher's host list.",
+    "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
+    "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
+    "cycle_time_ms": "Horovod cycle time in ms (-1 = Horovod's default).",
+    "model_dir": "Where checkpoints, logs, results.json and model.keras go (default "
+    "runs/MODEL-DATASET-STRATEGY). An existing checkpoint there is resumed.",
+    "checkpoint_every": "Checkpoint every N steps (0 = at the end of each epoch).",
+    "keep_checkpoints": "Number of checkpoints to keep.",
+    "log_every": "Print progress every N steps (chief only).",
+    "seed": "Random seed.",
+    "tensorboard": "Write TensorBoard logs (chief only).",
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "precision": cfg_mod.PRECISIONS,
+    "xla": cfg_mod.XLA_MODES,
+    "lr_scaling": cfg_mod.LR_SCALINGS,
+    "lr_schedule": cfg_mod.LR_SCHEDULES,
+    "optimizer": cfg_mod.OPTIMIZERS,
+    "larc_mode": cfg_mod.LARC_MODES,
+    "collective": cfg_mod.COLLECTIVES,
+}
+
+FIELDS = [f for f in dataclasses.fields(TrainConfig)]
+
+
+def define_flags() -> None:
+    """Defines one absl flag per TrainConfig field (idempotent)."""
+    if "model" in flags.FLAGS:
+        return
+    flags.DEFINE_bool("list", False, "List the registered models, datasets and strategies.")
+    for field in FIELDS:
+        name, default = field.name, field.default
+        helptext = HELP[name]
+        if name in CHOICES:
+            flags.DEFINE_string(name, default, f"{helptext} One of: {', '.join(CHOICES[name])}.")
+        elif isinstance(default, bool):
+            flags.DEFINE_bool(name, default, helptext)
+        elif isinstance(default, int):
+            flags.DEFINE_integer(name, default, helptext)
+        elif isinstance(default, float):
+            flags.DEFINE_float(name, default, helptext)
+        else:
+            flags.DEFINE_string(name, default, helptext)
+
+
+def config_from_flags(values: flags.FlagValues) -> TrainConfig:
+    """Builds the validated config from parsed flags.
+
+    Raises:
+        ValueError: for any invalid value (see :func:`tfscale.config.validate`).
+    """
+    kwargs: dict[str, Any] = {f.name: values[f.name].value for f in FIELDS}
+    return TrainConfig(**kwargs)
+
+
+def argv_from_config(config: TrainConfig, **overrides: Any) -> list[str]:
+    """The command-line flags that reproduce ``config`` (for launching workers)."""
+    values = {**config.to_dict(), **overrides}
+    return [f"--{k}={_flag_text(v)}" for k, v in sorted(values.items())]
+
+
+def _flag_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

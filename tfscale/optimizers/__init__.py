@@ -1,0 +1,43 @@
+"""Optimizers and learning-rate schedules, built from the run's config."""
+
+from __future__ import annotations
+
+import keras
+
+from tfscale.config import TrainConfig
+from tfscale.optimizers.schedules import WarmupDecay
+
+
+def scaled_learning_rate(config: TrainConfig, world_size: int) -> float:
+    """The peak learning rate: ``learning_rate`` times ``world_size`` under the linear scaling
+    rule (Goyal et al. 2017), else ``learning_rate``."""
+    return config.learning_rate * (world_size if config.lr_scaling == "linear" else 1)
+
+
+def build_schedule(config: TrainConfig, world_size: int, total_steps: int) -> WarmupDecay:
+    """Warmup and decay schedule for a run of ``total_steps`` optimizer steps."""
+    return WarmupDecay(
+        scaled_learning_rate(config, world_size), config.warmup_steps, total_steps,
+        config.lr_schedule, config.decay_boundaries, config.lr_decay_factor,
+    )
+
+
+def build_optimizer(
+    config: TrainConfig, world_size: int, total_steps: int
+) -> keras.optimizers.Optimizer:
+    """The optimizer named by ``config.optimizer`` with its scaled, scheduled learning rate.
+
+    Raises:
+        ValueError: for an optimizer this build does not provide.
+    """
+    lr = build_schedule(config, world_size, total_steps)
+    wd = config.weight_decay or None
+    if config.optimizer in ("sgd", "nesterov"):
+        return keras.optimizers.SGD(lr, momentum=config.momentum,
+                                    nesterov=config.optimizer == "nesterov", weight_decay=wd)
+    if config.optimizer == "adamw":
+        return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay,
+                                      beta_1=config.momentum)
+    if config.optimizer == "lamb":
+        return keras.optimizers.Lamb(lr, beta_1=config.momentum, weight_decay=wd)
+    raise ValueError(f"--optimizer={config.optimizer} is not available in this build")
