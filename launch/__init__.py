@@ -1,0 +1,1 @@
+"""Launchers: local multi-process workers, cluster job-script generators, build scripts."""

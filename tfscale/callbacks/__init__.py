@@ -1,0 +1,11 @@
+"""tfscale's Keras callbacks, usable in any ``model.fit`` (one class per module)."""
+
+from tfscale.callbacks.broadcast import BroadcastInitialState
+from tfscale.callbacks.checkpoint import Checkpoint
+from tfscale.callbacks.guard import TrainingGuard
+from tfscale.callbacks.metric_average import MetricAverage
+from tfscale.callbacks.progress import ProgressLogger
+from tfscale.callbacks.throughput import ThroughputMeter
+
+__all__ = ["BroadcastInitialState", "Checkpoint", "MetricAverage", "ProgressLogger",
+           "ThroughputMeter", "TrainingGuard"]

@@ -1,0 +1,49 @@
+"""Chief-only periodic checkpoints."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+
+from tfscale import rank_zero
+from tfscale.checkpointing import CheckpointManager
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """Saves the model's weights and optimizer state through a :class:`CheckpointManager`
+    every ``every`` optimizer steps (0 = at each epoch end), on the chief only.
+
+    A step whose logged loss is not finite is never saved, so the last good checkpoint
+    survives a divergence.
+    """
+
+    def __init__(self, manager: CheckpointManager, every: int = 0) -> None:
+        super().__init__()
+        self.manager = manager
+        self.every = every
+        self.last_saved = -1
+
+    @property
+    def step(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
+    def save(self, logs: dict[str, Any] | None = None) -> None:
+        """Saves now (chief only) unless this step is already saved or its loss is not finite."""
+        step = self.step
+        loss = (logs or {}).get("loss")
+        if step == self.last_saved or (loss is not None and not math.isfinite(float(loss))):
+            return
+        if rank_zero.is_chief():
+            variables = list(self.model.weights) + list(self.model.optimizer.variables)
+            self.manager.save(step, variables)
+        self.last_saved = step
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.every and self.step % self.every == 0:
+            self.save(logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.every:
+            self.save(logs)

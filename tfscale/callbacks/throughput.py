@@ -1,0 +1,53 @@
+"""Throughput and step-time meter."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import keras
+
+
+class ThroughputMeter(keras.callbacks.Callback):
+    """Measures step time and images/sec, leaving out the first step of each ``fit`` call
+    (graph tracing and compilation), and reports them in the epoch logs.
+
+    Args:
+        global_batch: examples consumed per step by the whole job.
+    """
+
+    def __init__(self, global_batch: int) -> None:
+        super().__init__()
+        self.global_batch = global_batch
+        self.seconds = 0.0
+        self.steps = 0
+        self._t0 = 0.0
+        self._first = True
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._first = True
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._first:
+            self._first = False
+            return
+        self.seconds += time.perf_counter() - self._t0
+        self.steps += 1
+
+    @property
+    def step_time_ms(self) -> float:
+        """Mean time per measured step, in milliseconds (0 before any measured step)."""
+        return 1000.0 * self.seconds / self.steps if self.steps else 0.0
+
+    @property
+    def images_per_sec(self) -> float:
+        """Job-wide examples per second over the measured steps."""
+        return self.global_batch * self.steps / self.seconds if self.seconds else 0.0
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None and self.steps:
+            logs["images_per_sec"] = self.images_per_sec
+            logs["step_time_ms"] = self.step_time_ms

@@ -1,0 +1,134 @@
+"""Atomic, rotating checkpoints of a model's and optimizer's variables.
+
+Each checkpoint is one ``ckpt-<step>.npz`` file (NumPy zip: every member has a CRC, so a
+truncated or corrupted file is detected on load). It is written under a temporary name, flushed
+to disk and renamed, so a crash or a full disk during the write leaves the previous checkpoint
+as it was. The newest ``keep`` are kept. Restoring tries the newest first and falls back to the
+one before it, with a warning, when a file is unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_NAME = re.compile(r"^ckpt-(\d+)\.npz$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint exists but cannot be used (corrupt, or for another model)."""
+
+
+class CheckpointManager:
+    """Saves and restores ``variables`` (Keras variables) under ``directory``.
+
+    Args:
+        directory: where checkpoint files live (created on first save).
+        keep: how many of the newest checkpoints to keep.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep={keep}; expected at least 1")
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def steps(self) -> list[int]:
+        """Steps of the checkpoints on disk, newest first."""
+        if not self.directory.is_dir():
+            return []
+        found = (_NAME.match(p.name) for p in self.directory.iterdir())
+        return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+    def path(self, step: int) -> Path:
+        return self.directory / f"ckpt-{step:09d}.npz"
+
+    def save(self, step: int, variables: Sequence[Any], meta: dict[str, Any] | None = None) -> Path:
+        """Writes the values of ``variables`` as the checkpoint of ``step``, atomically."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
+        info = {"step": step, "paths": [v.path for v in variables], **(meta or {})}
+        arrays["__meta__"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
+        final = self.path(step)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._rotate()
+        return final
+
+    def _rotate(self) -> None:
+        for step in self.steps()[self.keep:]:
+            self.path(step).unlink(missing_ok=True)
+
+    def read(self, step: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """The metadata and arrays of checkpoint ``step``.
+
+        Raises:
+            CheckpointError: naming the file, when it is truncated or corrupt.
+        """
+        path = self.path(step)
+        try:
+            with np.load(path) as data:
+                meta = json.loads(bytes(data["__meta__"]).decode())
+                arrays = [data[f"v{i:05d}"] for i in range(len(meta["paths"]))]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
+        return meta, arrays
+
+    def restore(self, variables: Sequence[Any]) -> dict[str, Any] | None:
+        """Loads the newest usable checkpoint into ``variables``.
+
+        Returns:
+            The checkpoint's metadata (with ``step``), or None when there is no checkpoint.
+
+        Raises:
+            CheckpointError: when checkpoints exist but none is usable, or when one was saved
+                from different variables (another model or optimizer).
+        """
+        steps = self.steps()
+        for step in steps:
+            try:
+                meta, arrays = self.read(step)
+            except CheckpointError as err:
+                warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=2)
+                continue
+            self._check_matches(self.path(step), meta["paths"], arrays, variables)
+            for variable, value in zip(variables, arrays, strict=True):
+                variable.assign(value)
+            return meta
+        if steps:
+            raise CheckpointError(f"no readable checkpoint in {self.directory} "
+                                  f"(tried steps {steps})")
+        return None
+
+    @staticmethod
+    def _check_matches(
+        path: Path, paths: list[str], arrays: list[np.ndarray], variables: Sequence[Any]
+    ) -> None:
+        if len(paths) != len(variables):
+            raise CheckpointError(
+                f"checkpoint {path} holds {len(paths)} variables, the model and optimizer have "
+                f"{len(variables)}: it was written for another model/optimizer; use another "
+                "--model_dir"
+            )
+        for name, value, variable in zip(paths, arrays, variables, strict=True):
+            if tuple(value.shape) != tuple(variable.shape):
+                raise CheckpointError(
+                    f"checkpoint {path}: variable {name} has shape {tuple(value.shape)}, the "
+                    f"model's {variable.path} has {tuple(variable.shape)}; use another "
+                    "--model_dir"
+                )

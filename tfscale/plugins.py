@@ -1,0 +1,45 @@
+"""Checks of a config against the plugin registries, before any worker starts."""
+
+from __future__ import annotations
+
+import input_pipelines
+import models
+from tfscale.config import TrainConfig
+from tfscale.strategies import STRATEGIES, load_plugins
+
+
+def describe_all() -> str:
+    """The registered models, datasets and strategies with their descriptions."""
+    load_plugins()
+    return "\n".join(
+        f"{title}:\n{registry.describe()}"
+        for title, registry in (("models", models.MODELS),
+                                ("datasets", input_pipelines.PIPELINES),
+                                ("strategies", STRATEGIES))
+    )
+
+
+def validate_names(config: TrainConfig) -> None:
+    """Checks that the model, dataset and strategy exist and fit together.
+
+    Raises:
+        ValueError: naming the bad value and the valid choices.
+    """
+    models.MODELS.entry(config.model)
+    input_pipelines.PIPELINES.entry(config.dataset)
+    load_plugins()
+    strategy = STRATEGIES.get(config.strategy)
+    model_task, data_task = models.task_of(config.model), input_pipelines.task_of(config.dataset)
+    if model_task != data_task:
+        fitting = [e.name for e in input_pipelines.PIPELINES if e.meta["task"] == model_task]
+        raise ValueError(f"--model={config.model} is a {model_task} model but "
+                         f"--dataset={config.dataset} is {data_task} data; use one of: "
+                         f"{', '.join(fitting)}")
+    if config.xla == "jit" and not strategy.supports_jit:
+        raise ValueError(f"--xla=jit cannot compile the training step of --strategy="
+                         f"{config.strategy} (its gradient exchange cannot run inside XLA); "
+                         "use --xla=auto (TF auto-clustering) or --xla=off")
+    if config.num_processes > 1 and not strategy.launcher:
+        raise ValueError(f"--strategy={config.strategy} runs in one process; --num_processes="
+                         f"{config.num_processes} needs a multi-process strategy (horovod, "
+                         "multiworker, ddl)")

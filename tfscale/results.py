@@ -1,0 +1,50 @@
+"""The run summary: results.json (written atomically by the chief) and the printed table."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tfscale import rank_zero
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
+    """Writes ``data`` as JSON to ``path`` via a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_results(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The results.json of ``model_dir``, or None when there is none."""
+    path = Path(model_dir) / "results.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def summary(results: dict[str, Any]) -> str:
+    """A short human-readable table of a results dict."""
+    rows = [
+        ("model / strategy", f"{results['model']} / {results['strategy']}"),
+        ("workers x replicas", f"{results['num_workers']} x {results['replicas_per_worker']}"),
+        ("global batch", str(results["global_batch_size"])),
+        ("steps", f"{results['steps']} (this run: {results['steps_this_run']})"),
+        ("images/sec (total)", f"{results['images_per_sec']:.2f}"),
+        ("images/sec per worker", f"{results['images_per_sec_per_worker']:.2f}"),
+        ("step time", f"{results['step_time_ms']:.1f} ms"),
+        ("final loss", f"{results['final_loss']:.4f}"),
+    ]
+    rows += [(k, f"{v:.4f}") for k, v in sorted(results.get("metrics", {}).items())
+             if k not in ("loss", "images_per_sec", "step_time_ms")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["== tfscale summary =="] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+@rank_zero.rank_zero_only
+def publish(results: dict[str, Any], model_dir: str) -> None:
+    """Chief only: writes results.json and prints the summary."""
+    write_json_atomic(Path(model_dir) / "results.json", results)
+    rank_zero.log(summary(results))

@@ -1,0 +1,13 @@
+"""Distribution strategies: a registry of :class:`Strategy` plugins."""
+
+from tfscale.strategies.base import SingleProcessStrategy, Strategy, running
+from tfscale.strategies.default import DefaultStrategy
+from tfscale.strategies.horovod import HorovodStrategy
+from tfscale.strategies.registry import STRATEGIES, create, load_plugins, register
+
+register("default", DefaultStrategy, "one process, one device")
+register("horovod", HorovodStrategy,
+         "Horovod: one process per replica, fused all-reduce of gradients (Gloo or MPI)")
+
+__all__ = ["STRATEGIES", "SingleProcessStrategy", "Strategy", "create", "load_plugins",
+           "register", "running"]

@@ -1,0 +1,75 @@
+"""Train a registered model on a registered dataset under a distribution strategy.
+
+Examples::
+
+    python -m tfscale.train --model resnet50 --strategy horovod --num_processes 2 --steps 20
+    horovodrun --gloo -np 2 python -m tfscale.train --model resnet50 --strategy horovod
+    python -m tfscale.train --flagfile=run.flags
+    python -m tfscale.train --list          # registered models, datasets and strategies
+
+Exit codes are listed in :mod:`tfscale.errors`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app  # noqa: E402
+from absl import flags as absl_flags  # noqa: E402
+
+from tfscale import plugins  # noqa: E402
+from tfscale.errors import EXIT_USAGE, TrainingStopped  # noqa: E402
+from tfscale.flags import config_from_flags, define_flags  # noqa: E402
+
+FLAGS = absl_flags.FLAGS
+LAUNCHER_VARIABLES = ("TFSCALE_LAUNCHED", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                      "PMIX_RANK", "JSM_NAMESPACE_RANK", "TF_CONFIG")
+
+
+def inside_launcher(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+    """True when this process is one rank of a job that something else launched."""
+    return any(v in environ for v in LAUNCHER_VARIABLES) or int(
+        environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]}; all options are --flags "
+              "(see --helpfull)", file=sys.stderr)
+        return EXIT_USAGE
+    if FLAGS.list:
+        print(plugins.describe_all())
+        return 0
+    try:
+        config = config_from_flags(FLAGS)
+        plugins.validate_names(config)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if config.num_processes > 1 and not inside_launcher():
+        from launch.local import launch_workers
+
+        return launch_workers(config)
+    from tfscale import trainer
+
+    try:
+        trainer.run(config)
+    except TrainingStopped as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    return 0
+
+
+def entry() -> None:
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    entry()

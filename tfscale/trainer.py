@@ -1,0 +1,227 @@
+"""The training driver: config + strategy -> data, model, ``model.fit`` -> results.
+
+Steps are counted by the optimizer's ``iterations``, which is checkpointed, so a run restarted
+with the same ``model_dir`` continues at the step it reached. Keras counts in epochs, so the
+remaining steps are split into ``fit`` calls (:func:`plan_segments`): a partial epoch first
+when resuming mid-epoch, then whole epochs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+import input_pipelines
+import models
+from tfscale import callbacks as cbs
+from tfscale import rank_zero, results
+from tfscale.checkpointing import CheckpointManager
+from tfscale.config import TrainConfig
+from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
+from tfscale.losses import build_loss
+from tfscale.metrics import build_metrics
+from tfscale.optimizers import build_optimizer
+from tfscale.strategies import Strategy, create, running
+
+POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16",
+            "mixed_bfloat16": "mixed_bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One ``model.fit`` call: epochs ``[initial_epoch, epochs)`` of ``steps_per_epoch`` steps,
+    starting at global step ``first_step``."""
+
+    initial_epoch: int
+    epochs: int
+    steps_per_epoch: int
+    first_step: int
+
+
+def plan_segments(start: int, total: int, steps_per_epoch: int) -> list[Segment]:
+    """Splits steps ``[start, total)`` into fit calls of uniform epoch length.
+
+    Epoch ``e`` covers steps ``[e*spe, min((e+1)*spe, total))``; consecutive epochs of equal
+    length share one call.
+    """
+    segments: list[Segment] = []
+    step = start
+    while step < total:
+        epoch = step // steps_per_epoch
+        length = min((epoch + 1) * steps_per_epoch, total) - step
+        last = segments[-1] if segments else None
+        if (last and last.steps_per_epoch == length and step % steps_per_epoch == 0
+                and last.first_step % steps_per_epoch == 0):
+            segments[-1] = dataclasses.replace(last, epochs=epoch + 1)
+        else:
+            segments.append(Segment(epoch, epoch + 1, length, step))
+        step += length
+    return segments
+
+
+def configure_runtime(config: TrainConfig) -> None:
+    """Process-wide TF/Keras settings; must run before TensorFlow executes any op."""
+    if config.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    if config.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+    tf.config.optimizer.set_jit("autoclustering" if config.xla == "auto" else False)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    keras.mixed_precision.set_global_policy(POLICIES[config.precision])
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+    """Trains as ``config`` says under its strategy and returns the results dict.
+
+    Raises:
+        TrainingStopped: on a non-finite loss or preemption (with the exit code to use).
+        ValueError: for bad data or checkpoints found while setting up.
+    """
+    configure_runtime(config)
+    with running(create(config)) as strategy:
+        rank_zero.set_rank(strategy.rank)
+        return Trainer(config, strategy).train()
+
+
+class Trainer:
+    """One training run of ``config`` under an already set-up ``strategy``."""
+
+    def __init__(self, config: TrainConfig, strategy: Strategy) -> None:
+        self.config = config
+        self.strategy = strategy
+        self.model_dir = Path(config.model_dir)
+        self.global_batch = config.batch_size * strategy.num_replicas
+        self.task = models.task_of(config.model)
+
+    def _data(self, split: str) -> input_pipelines.Batches:
+        build = input_pipelines.PIPELINES.get(self.config.dataset)
+        per_process = self.config.batch_size * self.strategy.replicas_in_process
+        return build(self.config, self.strategy.shard(), split, per_process)
+
+    def _total_steps(self, train: input_pipelines.Batches) -> tuple[int, int]:
+        cfg = self.config
+        if cfg.steps:
+            total = cfg.steps
+        else:
+            per_process = cfg.batch_size * self.strategy.replicas_in_process
+            if not train.examples or train.examples < per_process:
+                raise ValueError(f"--steps=0 needs a finite dataset of at least one batch; "
+                                 f"--dataset={cfg.dataset} gives {train.examples} examples "
+                                 f"per worker for a batch of {per_process}")
+            total = cfg.epochs * (train.examples // per_process)
+        return total, math.ceil(total / cfg.epochs)
+
+    def _build(self, total_steps: int) -> keras.Model:
+        cfg = self.config
+        keras.utils.set_random_seed(cfg.seed)
+        with self.strategy.scope():
+            model = models.MODELS.get(cfg.model)(cfg)
+            optimizer = build_optimizer(cfg, self.strategy.num_replicas, total_steps)
+            if cfg.precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer = self.strategy.wrap_optimizer(optimizer)
+            model.compile(optimizer=optimizer, loss=build_loss(cfg, self.task),
+                          metrics=build_metrics(cfg, self.task), jit_compile=cfg.xla == "jit")
+            optimizer.build(model.trainable_variables)
+        return model
+
+    def _callbacks(self, manager: CheckpointManager, total: int) -> dict[str, Any]:
+        cfg = self.config
+        named: dict[str, Any] = {
+            "guard": cbs.TrainingGuard(self.strategy),
+            "meter": cbs.ThroughputMeter(self.global_batch),
+            "checkpoint": cbs.Checkpoint(manager, cfg.checkpoint_every),
+            "progress": cbs.ProgressLogger(total, cfg.log_every, self.global_batch),
+        }
+        if cfg.tensorboard and self.strategy.is_chief:
+            named["tensorboard"] = keras.callbacks.TensorBoard(
+                str(self.model_dir / "tensorboard"), write_graph=False)
+        return named
+
+    def train(self) -> dict[str, Any]:
+        """Runs the remaining steps and returns (and, on the chief, writes) the results."""
+        cfg, strategy = self.config, self.strategy
+        train = self._data("train")
+        validation = self._data("validation") if cfg.validation_steps else None
+        total, steps_per_epoch = self._total_steps(train)
+        model = self._build(total)
+        variables = list(model.weights) + list(model.optimizer.variables)
+        manager = CheckpointManager(self.model_dir / "checkpoints", cfg.keep_checkpoints)
+        manager.restore(variables)
+        start = int(strategy.broadcast([float(model.optimizer.iterations.numpy())])[0])
+        if start >= total:
+            rank_zero.log(f"{self.model_dir} is already trained to step {start} of {total}; "
+                          "nothing to do (raise --steps to train further)")
+            return results.read_results(self.model_dir) or {}
+        rank_zero.log(f"{strategy.describe()}; global batch {self.global_batch} "
+                      f"({cfg.batch_size} per replica); steps {start}->{total}; "
+                      f"model_dir {self.model_dir}")
+        named = self._callbacks(manager, total)
+        callback_list = strategy.callbacks() + list(named.values())
+        logs: dict[str, Any] = {}
+        for segment in plan_segments(start, total, steps_per_epoch):
+            dataset = train.dataset
+            if cfg.deterministic and segment.first_step:
+                dataset = dataset.skip(segment.first_step)
+            history = model.fit(
+                strategy.distribute_dataset(dataset), initial_epoch=segment.initial_epoch,
+                epochs=segment.epochs, steps_per_epoch=segment.steps_per_epoch,
+                validation_data=validation.dataset if validation else None,
+                validation_steps=cfg.validation_steps or None,
+                callbacks=callback_list, verbose=0, shuffle=False)
+            logs = {k: v[-1] for k, v in history.history.items() if v}
+            if named["guard"].reason:
+                break
+        self._stop_if_guarded(named, logs)
+        named["checkpoint"].save(logs)
+        return self._finish(model, named, start, logs)
+
+    def _stop_if_guarded(self, named: dict[str, Any], logs: dict[str, Any]) -> None:
+        guard = named["guard"]
+        if guard.reason == "non-finite":
+            kept = named["checkpoint"].manager.steps()
+            raise TrainingStopped(
+                f"loss became NaN/Inf at step {guard.step}; stopped without saving it. "
+                f"Last good checkpoint: step {kept[0] if kept else 'none'} in "
+                f"{named['checkpoint'].manager.directory}", EXIT_NON_FINITE)
+        if guard.reason == "preempted":
+            named["checkpoint"].save(logs)
+            raise TrainingStopped(
+                f"preempted by a signal at step {guard.step}; checkpoint written, run the same "
+                "command to resume", EXIT_PREEMPTED)
+
+    def _finish(self, model: keras.Model, named: dict[str, Any], start: int,
+                logs: dict[str, Any]) -> dict[str, Any]:
+        cfg, strategy, meter = self.config, self.strategy, named["meter"]
+        final_loss = float(strategy.all_reduce([named["progress"].window_loss])[0])
+        step = int(model.optimizer.iterations.numpy())
+        out = {
+            "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
+            "num_workers": strategy.size, "replicas_per_worker": strategy.replicas_in_process,
+            "global_batch_size": self.global_batch, "steps": step,
+            "steps_this_run": step - start, "images_per_sec": meter.images_per_sec,
+            "images_per_sec_per_worker": meter.images_per_sec / strategy.size,
+            "step_time_ms": meter.step_time_ms, "final_loss": final_loss,
+            "metrics": {k: float(v) for k, v in logs.items()}, "config": cfg.to_dict(),
+        }
+        if strategy.is_chief:
+            save_model(model, self.model_dir / "model.keras")
+        results.publish(out, str(self.model_dir))
+        return out
+
+
+def save_model(model: keras.Model, path: Path) -> None:
+    """Saves ``model`` in Keras format atomically (temporary name, then rename)."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        model.save(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
