@@ -61,7 +61,7 @@ class CheckpointManager:
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         try:
             with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, **arrays)  # type: ignore[arg-type]
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)

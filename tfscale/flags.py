@@ -8,7 +8,7 @@ point reads ``FLAGS``; it calls :func:`config_from_flags`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from absl import flags
 
@@ -88,24 +88,27 @@ CHOICES: dict[str, tuple[str, ...]] = {
 FIELDS = [f for f in dataclasses.fields(TrainConfig)]
 
 
-def define_flags() -> None:
-    """Defines one absl flag per TrainConfig field (idempotent)."""
-    if "model" in flags.FLAGS:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines one absl flag per TrainConfig field on ``flag_values`` (idempotent)."""
+    if "model" in flag_values:
         return
-    flags.DEFINE_bool("list", False, "List the registered models, datasets and strategies.")
+    fv = flag_values
+    flags.DEFINE_bool("list", False, "List the registered models, datasets and strategies.",
+                      flag_values=fv)
     for field in FIELDS:
-        name, default = field.name, field.default
+        name, default = field.name, cast(Any, field.default)
         helptext = HELP[name]
         if name in CHOICES:
-            flags.DEFINE_string(name, default, f"{helptext} One of: {', '.join(CHOICES[name])}.")
+            helptext = f"{helptext} One of: {', '.join(CHOICES[name])}."
+            flags.DEFINE_string(name, default, helptext, flag_values=fv)
         elif isinstance(default, bool):
-            flags.DEFINE_bool(name, default, helptext)
+            flags.DEFINE_bool(name, default, helptext, flag_values=fv)
         elif isinstance(default, int):
-            flags.DEFINE_integer(name, default, helptext)
+            flags.DEFINE_integer(name, default, helptext, flag_values=fv)
         elif isinstance(default, float):
-            flags.DEFINE_float(name, default, helptext)
+            flags.DEFINE_float(name, default, helptext, flag_values=fv)
         else:
-            flags.DEFINE_string(name, default, helptext)
+            flags.DEFINE_string(name, default, helptext, flag_values=fv)
 
 
 def config_from_flags(values: flags.FlagValues) -> TrainConfig:

@@ -218,10 +218,18 @@ class Trainer:
 
 
 def save_model(model: keras.Model, path: Path) -> None:
-    """Saves ``model`` in Keras format atomically (temporary name, then rename)."""
+    """Saves ``model``'s architecture and weights in Keras format, atomically (temporary name,
+    then rename).
+
+    The file holds an uncompiled copy: the optimizer, its schedule and the loss are tfscale
+    objects that plain ``keras.models.load_model`` would not know, and the training state is
+    in the checkpoints anyway.
+    """
+    plain = type(model).from_config(model.get_config())
+    plain.set_weights(model.get_weights())
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
-        model.save(tmp)
+        plain.save(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,0 +1,18 @@
+# Two entry points for a fresh machine (see README.md): `make demo` and `make test`.
+PY := .venv/bin/python
+DEMO_FLAGS := --model=resnet50 --strategy=horovod --num_processes=2 --batch_size=8 \
+              --steps=10 --log_every=2
+
+.PHONY: setup demo test lint
+setup:
+	bash launch/setup.sh
+
+demo: setup
+	$(PY) -m tfscale.train $(DEMO_FLAGS) --model_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+test: setup lint
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy

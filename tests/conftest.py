@@ -1,0 +1,55 @@
+"""Shared test helpers: running tfscale as real processes, always bounded and cleaned up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model=tiny_cnn", "--image_size=16", "--num_classes=4", "--batch_size=4",
+        "--log_every=1", "--tensorboard=false"]
+
+
+def run_process(
+    command: list[str], timeout: float = 240, env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``command`` from the repo root in its own process group; on timeout the whole
+    group is killed and the test fails with the output so far."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {command}\n{out}\n{err}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def run_train(*flags: str, timeout: float = 240,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m tfscale.train FLAGS`` as a subprocess."""
+    return run_process([sys.executable, "-m", "tfscale.train", *flags], timeout, env)
+
+
+def read_results(model_dir: Path) -> dict[str, Any]:
+    return json.loads((model_dir / "results.json").read_text())
+
+
+def horovodrun() -> str:
+    return str(Path(sys.executable).with_name("horovodrun"))
+
+
+requires_horovod = pytest.mark.skipif(
+    not Path(sys.executable).with_name("horovodrun").exists(),
+    reason="Horovod is not installed in this environment (run launch/setup.sh)",
+)

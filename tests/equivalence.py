@@ -1,0 +1,38 @@
+"""Helpers shared by the strategy-equivalence tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import run_process
+
+WORKER = [sys.executable, "-m", "tests.workers.equivalence"]
+
+
+def load_weights(path: Path) -> list[np.ndarray]:
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    assert len(a) == len(b)
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
+
+
+def reference(out: Path, batch: int, steps: int = 1) -> list[np.ndarray]:
+    """Single-device run on the combined batch."""
+    proc = run_process([*WORKER, "--strategy=default", f"--batch={batch}", f"--steps={steps}",
+                        f"--out={out}"], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_weights(out / "rank0.npz")
+
+
+def assert_replicas_equal(out: Path, ranks: int) -> list[np.ndarray]:
+    """All ranks' weights are identical; returns rank 0's."""
+    weights = [load_weights(out / f"rank{r}.npz") for r in range(ranks)]
+    for r in range(1, ranks):
+        assert max_abs_diff(weights[0], weights[r]) == 0.0, f"rank {r} differs from rank 0"
+    return weights[0]

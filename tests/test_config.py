@@ -1,0 +1,85 @@
+"""Config validation, flags, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.conftest import TINY, run_train
+from tfscale.config import TrainConfig
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"precision": "fp8"}, "--precision='fp8' is not valid; choose one of: fp32, "
+                               "mixed_float16, mixed_bfloat16"),
+        ({"xla": "yes"}, "--xla='yes' is not valid; choose one of: off, jit, auto"),
+        ({"batch_size": 0}, "--batch_size=0 is not valid; expected a value >= 1"),
+        ({"num_processes": -1}, "--num_processes=-1 is not valid"),
+        ({"learning_rate": 0.0}, "--learning_rate=0.0 is not valid; expected > 0"),
+        ({"lr_scaling": "sqrt"}, "choose one of: none, linear"),
+        ({"steps": 3, "epochs": 5}, "--steps=3 is fewer than --epochs=5"),
+        ({"steps": 10, "warmup_steps": 20}, "--warmup_steps=20 exceeds --steps=10"),
+        ({"lr_schedule": "step"}, "--lr_schedule=step needs --lr_decay_steps"),
+        ({"lr_schedule": "step", "lr_decay_steps": "10,x"}, "expected comma-separated integers"),
+        ({"cpu_replicas": 2}, "--cpu_replicas only applies to --strategy=mirrored"),
+        ({"steps": 0}, "needs a finite dataset"),
+    ],
+)
+def test_bad_values_are_named(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=None) as info:
+        TrainConfig(**changes)  # type: ignore[arg-type]
+    assert message in str(info.value)
+
+
+def test_config_is_frozen_and_defaults_model_dir() -> None:
+    cfg = TrainConfig(model="tiny_cnn", strategy="horovod")
+    assert cfg.model_dir == "runs/tiny_cnn-synthetic-horovod"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.batch_size = 3  # type: ignore[misc]
+    assert cfg.replace(batch_size=8).batch_size == 8
+    with pytest.raises(ValueError):
+        cfg.replace(batch_size=-8)
+
+
+def test_flags_round_trip_to_config() -> None:
+    from absl import flags
+
+    from tfscale.flags import argv_from_config, config_from_flags, define_flags
+
+    values = flags.FlagValues()
+    define_flags(values)
+    cfg = TrainConfig(model="tiny_cnn", batch_size=7, precision="mixed_bfloat16",
+                      deterministic=True, learning_rate=0.25, model_dir="/tmp/x")
+    values(["prog", *argv_from_config(cfg)])
+    assert config_from_flags(values) == cfg
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--model=resnet51"], "error: unknown model 'resnet51'; available: "),
+        (["--dataset=imagenet2"], "error: unknown dataset 'imagenet2'; available: "),
+        (["--strategy=magic"], "error: unknown strategy 'magic'; available: "),
+        (["--batch_size=-2"], "error: --batch_size=-2 is not valid; expected a value >= 1"),
+        (["--xla=jit", "--strategy=horovod"], "error: --xla=jit cannot compile"),
+        (["--num_processes=2"], "error: --strategy=default runs in one process"),
+    ],
+)
+def test_cli_rejects_bad_flags_with_one_line(flags: list[str], expected: str) -> None:
+    proc = run_train(*TINY, *flags, "--steps=1", timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith(expected), proc.stderr
+    assert "Traceback" not in proc.stderr
+    if "unknown model" in expected:
+        assert "resnet50" in lines[-1] and "tiny_cnn" in lines[-1]
+
+
+def test_cli_lists_plugins() -> None:
+    proc = run_train("--list", timeout=120)
+    assert proc.returncode == 0
+    for name in ("resnet50", "tiny_cnn", "synthetic", "default", "horovod"):
+        assert name in proc.stdout

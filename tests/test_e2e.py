@@ -1,0 +1,54 @@
+"""``python -m tfscale.train`` end to end as a subprocess: results, checkpoints, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import TINY, read_results, run_train
+from tfscale.checkpointing import CheckpointManager
+
+REQUIRED = {"model", "strategy", "num_workers", "global_batch_size", "steps", "images_per_sec",
+            "images_per_sec_per_worker", "step_time_ms", "final_loss", "config"}
+
+
+def test_default_strategy_writes_everything(tmp_path: Path) -> None:
+    proc = run_train(*TINY, "--steps=6", "--epochs=2", "--tensorboard=true",
+                     f"--model_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== tfscale summary ==" in proc.stdout
+    results = read_results(tmp_path)
+    assert REQUIRED <= results.keys()
+    assert results["model"] == "tiny_cnn" and results["strategy"] == "default"
+    assert results["steps"] == 6 and results["global_batch_size"] == 4
+    assert results["images_per_sec"] > 0 and np.isfinite(results["final_loss"])
+    assert results["config"]["batch_size"] == 4
+    assert "accuracy" in results["metrics"]
+    assert CheckpointManager(tmp_path / "checkpoints").steps() == [6, 3]
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents*"))
+    model = keras.models.load_model(tmp_path / "model.keras")
+    assert model.output_shape == (None, 4)
+
+
+@pytest.mark.slow
+def test_resume_continues_from_checkpoint(tmp_path: Path) -> None:
+    flags = [*TINY, "--epochs=2", "--checkpoint_every=2", "--deterministic"]
+    stopped, full = tmp_path / "stopped", tmp_path / "full"
+    assert run_train(*flags, "--steps=4", f"--model_dir={stopped}").returncode == 0
+    first = CheckpointManager(stopped / "checkpoints").read(4)[1]
+    proc = run_train(*flags, "--steps=8", f"--model_dir={stopped}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "steps 4->8" in proc.stdout
+    results = read_results(stopped)
+    assert results["steps"] == 8 and results["steps_this_run"] == 4
+    assert run_train(*flags, "--steps=8", f"--model_dir={full}").returncode == 0
+    resumed = CheckpointManager(stopped / "checkpoints").read(8)[1]
+    uninterrupted = CheckpointManager(full / "checkpoints").read(8)[1]
+    assert any(np.any(a != b) for a, b in zip(first, resumed, strict=True))
+    for a, b in zip(resumed, uninterrupted, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    again = run_train(*flags, "--steps=8", f"--model_dir={stopped}")
+    assert again.returncode == 0 and "already trained to step 8" in again.stdout

@@ -1,0 +1,60 @@
+"""Horovod strategy with real processes under ``horovodrun --gloo -np 2``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, horovodrun, read_results, requires_horovod, run_process, run_train
+from tests.equivalence import WORKER, assert_replicas_equal, max_abs_diff, reference
+
+pytestmark = [pytest.mark.slow, requires_horovod]
+
+
+def _horovod_workers(out: Path, steps: int, batch: int) -> None:
+    proc = run_process([horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", *WORKER,
+                        "--strategy=horovod", f"--batch={batch}", f"--steps={steps}",
+                        f"--out={out}"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_one_step_equals_single_process_on_combined_batch(tmp_path: Path) -> None:
+    _horovod_workers(tmp_path / "hvd", steps=1, batch=4)
+    distributed = assert_replicas_equal(tmp_path / "hvd", 2)
+    single = reference(tmp_path / "ref", batch=8)
+    assert max_abs_diff(distributed, single) < 1e-5
+
+
+def test_workers_stay_identical_over_several_steps(tmp_path: Path) -> None:
+    _horovod_workers(tmp_path / "hvd", steps=5, batch=3)
+    distributed = assert_replicas_equal(tmp_path / "hvd", 2)
+    single = reference(tmp_path / "ref", batch=6, steps=5)
+    assert max_abs_diff(distributed, single) < 1e-4
+
+
+def test_train_cli_under_horovodrun(tmp_path: Path) -> None:
+    proc = run_process([horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2",
+                        *_python_train(), *TINY, "--strategy=horovod", "--steps=3",
+                        f"--model_dir={tmp_path}"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = read_results(tmp_path)
+    assert results["num_workers"] == 2 and results["global_batch_size"] == 8
+
+
+def test_num_processes_launcher_and_linear_scaling(tmp_path: Path) -> None:
+    proc = run_train(*TINY, "--strategy=horovod", "--num_processes=2", "--steps=4",
+                     "--lr_scaling=linear", "--learning_rate=0.05", f"--model_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[0] step 4/4" in proc.stdout
+    assert "[1] step" not in proc.stdout, "only the chief prints progress"
+    results = read_results(tmp_path)
+    assert results["num_workers"] == 2 and results["steps"] == 4
+    assert results["images_per_sec_per_worker"] == pytest.approx(results["images_per_sec"] / 2)
+    assert (tmp_path / "checkpoints" / "ckpt-000000004.npz").exists()
+
+
+def _python_train() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "tfscale.train"]
