@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
 
 from tfscale import plugins  # noqa: E402
 from tfscale.errors import EXIT_USAGE, TrainingStopped  # noqa: E402
@@ -36,6 +37,9 @@ def inside_launcher(environ: os._Environ[str] | dict[str, str] = os.environ) -> 
 
 
 def main(argv: list[str]) -> int:
+    if not FLAGS["verbosity"].present:
+        # absl turns Python logging up to INFO after parsing; TF then logs every collective.
+        absl_logging.set_verbosity(absl_logging.WARNING)
     if len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]}; all options are --flags "
               "(see --helpfull)", file=sys.stderr)

@@ -130,6 +130,7 @@ class Trainer:
             model.compile(optimizer=optimizer, loss=build_loss(cfg, self.task),
                           metrics=build_metrics(cfg, self.task), jit_compile=cfg.xla == "jit")
             optimizer.build(model.trainable_variables)
+        self.strategy.prepare_model(model)
         return model
 
     def _callbacks(self, manager: CheckpointManager, total: int) -> dict[str, Any]:

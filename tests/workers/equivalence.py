@@ -62,6 +62,7 @@ def main() -> None:
             optimizer = strategy.wrap_optimizer(keras.optimizers.SGD(0.5))
             model.compile(optimizer=optimizer,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            strategy.prepare_model(model)
         model.fit(strategy.distribute_dataset(data), epochs=1, steps_per_epoch=args.steps,
                   callbacks=strategy.callbacks(), verbose=0, shuffle=False)
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,9 @@ class Strategy(abc.ABC):
         """Adds the gradient exchange to ``optimizer`` when the strategy owns it."""
         return optimizer
 
+    def prepare_model(self, model: keras.Model) -> None:
+        """Adjusts a compiled model for this strategy before ``fit``."""
+
     def callbacks(self) -> list[keras.callbacks.Callback]:
         """Callbacks the strategy needs in ``model.fit``, placed before all others."""
         return []

@@ -1,0 +1,65 @@
+"""mirrored and multiworker strategies with real processes: equivalence with one device."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from launch.local import supervise, tf_config_envs
+from tests.conftest import TINY, read_results, run_process, run_train
+from tests.equivalence import WORKER, assert_replicas_equal, load_weights, max_abs_diff, reference
+
+pytestmark = pytest.mark.slow
+
+
+def _mirrored(out: Path, steps: int, batch: int) -> list:
+    proc = run_process([*WORKER, "--strategy=mirrored", "--cpu_replicas=2", f"--batch={batch}",
+                        f"--steps={steps}", f"--out={out}"], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_weights(out / "rank0.npz")
+
+
+def _multiworker(out: Path, steps: int, batch: int) -> list:
+    log = io.StringIO()
+    code = supervise([*WORKER, "--strategy=multiworker", f"--batch={batch}", f"--steps={steps}",
+                      f"--out={out}"], tf_config_envs(2), out=log)
+    assert code == 0, log.getvalue()[-3000:]
+    return assert_replicas_equal(out, 2)
+
+
+@pytest.mark.parametrize("run", [_mirrored, _multiworker], ids=["mirrored", "multiworker"])
+def test_one_step_equals_single_device_on_combined_batch(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    distributed = run(tmp_path / "dist", steps=1, batch=4)
+    single = reference(tmp_path / "ref", batch=8)
+    assert max_abs_diff(distributed, single) < 1e-5
+
+
+@pytest.mark.parametrize("run", [_mirrored, _multiworker], ids=["mirrored", "multiworker"])
+def test_several_steps_stay_equivalent(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    distributed = run(tmp_path / "dist", steps=4, batch=3)
+    single = reference(tmp_path / "ref", batch=6, steps=4)
+    assert max_abs_diff(distributed, single) < 1e-4
+
+
+def test_train_cli_multiworker_and_mirrored(tmp_path: Path) -> None:
+    proc = run_train(*TINY, "--strategy=multiworker", "--num_processes=2", "--steps=3",
+                     f"--model_dir={tmp_path / 'mw'}")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "INFO:tensorflow" not in proc.stdout
+    results = read_results(tmp_path / "mw")
+    assert results["num_workers"] == 2 and results["global_batch_size"] == 8
+    proc = run_train(*TINY, "--strategy=mirrored", "--cpu_replicas=2", "--steps=3",
+                     f"--model_dir={tmp_path / 'mirrored'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = read_results(tmp_path / "mirrored")
+    assert results["num_workers"] == 1 and results["replicas_per_worker"] == 2
+    assert results["global_batch_size"] == 8
+
+
+def test_multiworker_rejects_malformed_tf_config(tmp_path: Path) -> None:
+    proc = run_train(*TINY, "--strategy=multiworker", "--steps=1", f"--model_dir={tmp_path}",
+                     env={"TF_CONFIG": '{"cluster": {}}'})
+    assert proc.returncode == 2
+    assert "TF_CONFIG is malformed" in proc.stderr and "Traceback" not in proc.stderr

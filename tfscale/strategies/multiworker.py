@@ -1,0 +1,97 @@
+"""The ``multiworker`` strategy: ``tf.distribute.MultiWorkerMirroredStrategy``.
+
+The cluster comes from ``TF_CONFIG`` (written by ``--num_processes N`` or by the user), or
+from Slurm's variables under ``srun``. Keras 3's ``model.fit`` needs two work-arounds under
+this strategy; see :mod:`tfscale.strategies.keras_multiworker_fix`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+
+from tfscale.strategies import keras_multiworker_fix as fix
+from tfscale.strategies.tf_distribute import TFDistributeStrategy
+
+if TYPE_CHECKING:
+    import keras
+
+IMPLEMENTATIONS = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+
+def parse_tf_config(text: str) -> tuple[int, int]:
+    """(task index, number of workers) of a TF_CONFIG.
+
+    Raises:
+        ValueError: saying what is wrong with it.
+    """
+    try:
+        spec = json.loads(text)
+        workers = list(spec["cluster"]["worker"])
+        task = spec["task"]
+        index = int(task["index"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"TF_CONFIG is malformed ({err!r}); expected JSON like "
+            '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
+            '"task": {"type": "worker", "index": 0}}') from None
+    if task.get("type") not in ("worker", "chief"):
+        raise ValueError(f"TF_CONFIG task type {task.get('type')!r}; expected 'worker'")
+    if not 0 <= index < len(workers):
+        raise ValueError(f"TF_CONFIG task index {index} is outside the {len(workers)} workers")
+    return index, len(workers)
+
+
+class MultiWorkerStrategy(TFDistributeStrategy):
+    """One process per worker (TF_CONFIG or Slurm), collective all-reduce across workers."""
+
+    launcher = "tf_config"
+
+    def setup(self) -> None:
+        text = os.environ.get("TF_CONFIG", "")
+        self._rank, self._size = parse_tf_config(text) if text else (0, 1)
+        if self.config.num_processes > 1 and self.config.num_processes != self._size:
+            raise ValueError(f"--num_processes={self.config.num_processes} but TF_CONFIG "
+                             f"lists {self._size} workers")
+        if not text:
+            warnings.warn("--strategy=multiworker without TF_CONFIG runs as a single worker; "
+                          "use --num_processes N, or set TF_CONFIG on every worker",
+                          stacklevel=2)
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=IMPLEMENTATIONS[self.config.collective],
+            timeout_seconds=self.config.collective_timeout_s or None)
+        self.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=options)
+        self._patches = contextlib.ExitStack()
+        self._patches.enter_context(fix.scalar_safe_log_reduction())
+
+    def teardown(self) -> None:
+        if hasattr(self, "_patches"):
+            self._patches.close()
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def prepare_model(self, model: keras.Model) -> None:
+        fix.patch_model(model)
+
+    def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        # Each worker's dataset is already this worker's shard with this worker's batch;
+        # building it "from a function" tells TF exactly that (no auto-sharding, no
+        # re-batching of a supposed global batch).
+        return self.tf_strategy.distribute_datasets_from_function(lambda _: dataset)
+

@@ -1,0 +1,76 @@
+"""Shared parts of the strategies built on ``tf.distribute`` (mirrored, multiworker).
+
+Under tf.distribute, Keras 3 all-reduces gradients inside its optimizer when the model is
+built and compiled in ``strategy.scope()``, so these strategies add no gradient exchange of
+their own. Host-side collectives for the framework (stop flags, step counts, final loss) go
+through one cached ``all_gather`` function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfscale.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    import keras
+
+_REDUCERS = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
+
+
+class TFDistributeStrategy(Strategy):
+    """Base of strategies that wrap a ``tf.distribute.Strategy`` (``self.tf_strategy``)."""
+
+    tf_strategy: tf.distribute.Strategy
+
+    @property
+    def replicas_in_process(self) -> int:
+        return int(self.tf_strategy.num_replicas_in_sync) // self.size
+
+    def scope(self) -> contextlib.AbstractContextManager[object]:
+        return self.tf_strategy.scope()
+
+    def _gather(self, values: np.ndarray) -> np.ndarray:
+        """Every replica's copy of ``values``, stacked: shape ``[replicas, *values.shape]``."""
+        if not hasattr(self, "_gather_fn"):
+            strategy = self.tf_strategy
+
+            @tf.function
+            def gather(t: tf.Tensor) -> Any:
+                def replica_fn(x: tf.Tensor) -> tf.Tensor:
+                    ctx = tf.distribute.get_replica_context()
+                    return ctx.all_gather(x[tf.newaxis], axis=0)
+
+                return strategy.run(replica_fn, args=(t,))
+
+            self._gather_fn = gather
+        out = self._gather_fn(tf.constant(values))
+        return np.asarray(self.tf_strategy.experimental_local_results(out)[0].numpy())
+
+    def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
+        if op not in _REDUCERS:
+            raise ValueError(f"all_reduce op {op!r}; expected one of {sorted(_REDUCERS)}")
+        rows = self._gather(np.asarray(values, dtype=np.float64).reshape(-1))
+        if op == "mean":
+            # Each process contributes once, whatever its number of local replicas.
+            rows = rows[:: self.replicas_in_process]
+        return np.asarray(_REDUCERS[op](rows, axis=0), dtype=np.float64)
+
+    def broadcast(self, values: Sequence[float] | np.ndarray, root: int = 0) -> np.ndarray:
+        rows = self._gather(np.asarray(values, dtype=np.float64).reshape(-1))
+        return np.asarray(rows[root * self.replicas_in_process], dtype=np.float64)
+
+    def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:
+        # tf.distribute creates variables with the same initial value on every replica (the
+        # multi-worker strategy broadcasts it from worker 0), and they stay in sync; a value
+        # assigned outside a replica context (a restored checkpoint) is assigned everywhere.
+        for variable in variables:
+            value = np.asarray(variable.numpy())
+            rows = self._gather(value.astype(np.float64).reshape(-1))
+            variable.assign(rows[root * self.replicas_in_process].reshape(value.shape)
+                            .astype(value.dtype))
