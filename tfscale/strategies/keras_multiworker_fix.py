@@ -42,7 +42,9 @@ def _symbolic_build_from_local_batch(
     strategy = self.distribute_strategy
     if iterator is not None:
         for _, _, it in iterator:
-            data_batch = keras.tree.map_structure(lambda v: _first_local_replica(v, strategy), next(it))
+            batch = next(it)
+            data_batch = keras.tree.map_structure(
+                lambda v: _first_local_replica(v, strategy), batch)
             break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
