@@ -27,6 +27,7 @@ class TFDistributeStrategy(Strategy):
     """Base of strategies that wrap a ``tf.distribute.Strategy`` (``self.tf_strategy``)."""
 
     tf_strategy: tf.distribute.Strategy
+    _gather_fn: Any
 
     @property
     def replicas_in_process(self) -> int:
