@@ -9,7 +9,7 @@ through one cached ``all_gather`` function.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from tfscale.strategies.base import Strategy
 if TYPE_CHECKING:
     import keras
 
-_REDUCERS = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
+_REDUCERS: dict[str, Callable[..., Any]] = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
 
 
 class TFDistributeStrategy(Strategy):
