@@ -20,7 +20,8 @@ from tfscale.strategies.base import Strategy
 if TYPE_CHECKING:
     import keras
 
-_REDUCERS: dict[str, Callable[..., Any]] = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
+_REDUCERS: dict[str, Callable[..., Any]] = {
+    "mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
 
 
 class TFDistributeStrategy(Strategy):
