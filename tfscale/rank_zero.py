@@ -1,12 +1,16 @@
 """Chief-only work goes through here: printing, file writes, summaries.
 
-The active strategy calls :func:`set_rank` once it knows this process's rank; everything else
-asks :func:`is_chief` or decorates a function with :func:`rank_zero_only`.
+The active strategy calls :func:`set_rank` once it knows this process's rank. In a user's own
+script (no tfscale strategy), the rank is read from the launcher's variables instead
+(horovodrun, mpirun, srun, jsrun, PMI, TF_CONFIG). Everything else asks :func:`is_chief` or
+decorates a function with :func:`rank_zero_only`.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
@@ -14,7 +18,9 @@ from typing import ParamSpec, TypeVar
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_rank = 0
+_rank: int | None = None
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                  "JSM_NAMESPACE_RANK", "SLURM_PROCID")
 
 
 def set_rank(rank: int) -> None:
@@ -23,9 +29,24 @@ def set_rank(rank: int) -> None:
     _rank = rank
 
 
+def launcher_rank(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """This process's rank according to the launcher's environment (0 when launched alone)."""
+    for name in RANK_VARIABLES:
+        if name in environ:
+            return int(environ[name])
+    if "TF_CONFIG" in environ:
+        return int(json.loads(environ["TF_CONFIG"]).get("task", {}).get("index", 0))
+    return 0
+
+
+def rank() -> int:
+    """The rank given to :func:`set_rank`, else the launcher's."""
+    return launcher_rank() if _rank is None else _rank
+
+
 def is_chief() -> bool:
     """True on the process that prints and writes files."""
-    return _rank == 0
+    return rank() == 0
 
 
 def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
