@@ -1,8 +1,10 @@
 """Synthetic classification data, for tuning compute without I/O.
 
-One batch is generated once, on the device that will consume it, and the dataset repeats it:
-no host-side generation or host-to-device copy per step (the Summit practice of measuring
-compute alone before adding the input pipeline).
+A few distinct batches are generated once, on the device that will consume them, and the
+dataset cycles through them: no host-side generation or host-to-device copy per step (the
+Summit practice of measuring compute alone before adding the input pipeline). Cycling several
+batches rather than repeating one keeps the data order meaningful, so a resumed run must
+restore its position in the data to match an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ from input_pipelines.registry import Batches, Shard, register
 from tfscale.config import TrainConfig
 
 
-def synthetic_batch(
+MAX_BATCHES = 4
+MAX_BYTES = 256 * 1024 * 1024
+
+
+def synthetic_batches(
     batch_size: int, image_size: int, channels: int, num_classes: int, seed: int
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """A deterministic random batch: float32 images in [0, 1) and int32 labels."""
+    """Up to 4 deterministic random batches (at most 256 MiB of images), stacked:
+    float32 images in [0, 1) ``[K, B, H, W, C]`` and int32 labels ``[K, B]``."""
+    batch_bytes = 4 * batch_size * image_size * image_size * channels
+    count = max(1, min(MAX_BATCHES, MAX_BYTES // batch_bytes))
     images = tf.random.stateless_uniform(
-        [batch_size, image_size, image_size, channels], seed=[seed, 0], dtype=tf.float32
+        [count, batch_size, image_size, image_size, channels], seed=[seed, 0], dtype=tf.float32
     )
     labels = tf.random.stateless_uniform(
-        [batch_size], seed=[seed, 1], maxval=num_classes, dtype=tf.int32
+        [count, batch_size], seed=[seed, 1], maxval=num_classes, dtype=tf.int32
     )
     return images, labels
 
@@ -30,8 +39,8 @@ def synthetic_batch(
           task="classification")
 def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     # Each worker gets its own data (different seed), as with real sharded data.
-    batch = synthetic_batch(
+    batches = synthetic_batches(
         batch_size, cfg.image_size, cfg.input_channels, cfg.num_classes,
         seed=cfg.seed * 1000 + shard.index + (500 if split == "validation" else 0),
     )
-    return Batches(tf.data.Dataset.from_tensors(batch).repeat(), examples=None)
+    return Batches(tf.data.Dataset.from_tensor_slices(batches).repeat(), examples=None)

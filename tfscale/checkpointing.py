@@ -52,9 +52,19 @@ class CheckpointManager:
         return self.directory / f"ckpt-{step:09d}.npz"
 
     def save(self, step: int, variables: Sequence[Any], meta: dict[str, Any] | None = None) -> Path:
-        """Writes the values of ``variables`` as the checkpoint of ``step``, atomically."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Writes the values of ``variables`` as the checkpoint of ``step``, atomically.
+
+        Raises:
+            CheckpointError: when a variable holds NaN/Inf (a diverged state is never saved,
+                so it cannot replace the last good checkpoint).
+            OSError: when writing fails (the previous checkpoints are untouched).
+        """
         arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
+        for variable, value in zip(variables, arrays.values(), strict=True):
+            if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+                raise CheckpointError(f"not saving step {step}: variable {variable.path} "
+                                      "holds NaN/Inf")
+        self.directory.mkdir(parents=True, exist_ok=True)
         info = {"step": step, "paths": [v.path for v in variables], **(meta or {})}
         arrays["__meta__"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
         final = self.path(step)
@@ -73,6 +83,10 @@ class CheckpointManager:
     def _rotate(self) -> None:
         for step in self.steps()[self.keep:]:
             self.path(step).unlink(missing_ok=True)
+        # Temporary files of writers that were killed mid-write.
+        for stale in self.directory.glob(".ckpt-*.npz.tmp-*"):
+            if not stale.name.endswith(f".tmp-{os.getpid()}"):
+                stale.unlink(missing_ok=True)
 
     def read(self, step: int) -> tuple[dict[str, Any], list[np.ndarray]]:
         """The metadata and arrays of checkpoint ``step``.

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -26,3 +28,22 @@ class TrainingStopped(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# Messages by which TensorFlow's collectives and Horovod report a lost or stalled peer.
+_PEER_FAILURE = re.compile(
+    r"Horovod has been shut down|Socket closed|Connection reset by peer|Collective ops is "
+    r"aborted|failed to connect|stalled|peer.*(unavailable|not respond)|Gloo", re.IGNORECASE)
+_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+
+
+def describe_peer_failure(err: BaseException) -> str | None:
+    """A one-line account of ``err`` when it means a peer worker died or stalled, else None."""
+    text = str(err)
+    if not _PEER_FAILURE.search(text):
+        return None
+    task = _TASK.search(text)
+    who = f"worker {task.group(1)}" if task else "a peer worker"
+    first = next((line.strip() for line in text.splitlines() if _PEER_FAILURE.search(line)),
+                 text.strip().splitlines()[0] if text.strip() else type(err).__name__)
+    return f"lost contact with {who} (it died, stalled or was stopped): {first[:300]}"

@@ -39,6 +39,7 @@ def validate_names(config: TrainConfig) -> None:
         raise ValueError(f"--xla=jit cannot compile the training step of --strategy="
                          f"{config.strategy} (its gradient exchange cannot run inside XLA); "
                          "use --xla=auto (TF auto-clustering) or --xla=off")
+    strategy.check_environment()
     if config.num_processes > 1 and not strategy.launcher:
         raise ValueError(f"--strategy={config.strategy} runs in one process; --num_processes="
                          f"{config.num_processes} needs a multi-process strategy (horovod, "

@@ -22,7 +22,12 @@ from absl import flags as absl_flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
 from tfscale import plugins  # noqa: E402
-from tfscale.errors import EXIT_USAGE, TrainingStopped  # noqa: E402
+from tfscale.errors import (  # noqa: E402
+    EXIT_PEER_LOST,
+    EXIT_USAGE,
+    TrainingStopped,
+    describe_peer_failure,
+)
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
 
 FLAGS = absl_flags.FLAGS
@@ -67,6 +72,12 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except Exception as err:
+        peer = describe_peer_failure(err)
+        if peer is None:
+            raise
+        print(f"error: {peer}", file=sys.stderr, flush=True)
+        return EXIT_PEER_LOST
     return 0
 
 

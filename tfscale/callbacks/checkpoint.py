@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import keras
 
 from tfscale import rank_zero
-from tfscale.checkpointing import CheckpointManager
+from tfscale.checkpointing import CheckpointError, CheckpointManager
 
 
 class Checkpoint(keras.callbacks.Callback):
     """Saves the model's weights and optimizer state through a :class:`CheckpointManager`
     every ``every`` optimizer steps (0 = at each epoch end), on the chief only.
 
-    A step whose logged loss is not finite is never saved, so the last good checkpoint
-    survives a divergence.
+    A step whose logged loss or whose weights are not finite is never saved, so the last good
+    checkpoint survives a divergence.
     """
 
     def __init__(self, manager: CheckpointManager, every: int = 0) -> None:
@@ -37,7 +38,11 @@ class Checkpoint(keras.callbacks.Callback):
             return
         if rank_zero.is_chief():
             variables = list(self.model.weights) + list(self.model.optimizer.variables)
-            self.manager.save(step, variables)
+            try:
+                self.manager.save(step, variables)
+            except CheckpointError as err:
+                warnings.warn(str(err), stacklevel=2)
+                return
         self.last_saved = step
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:

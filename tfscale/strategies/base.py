@@ -41,6 +41,11 @@ class Strategy(abc.ABC):
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
 
+    @classmethod
+    def check_environment(cls) -> None:
+        """Raises ValueError saying what to install when this machine cannot run the strategy
+        (called before any worker starts)."""
+
     def setup(self) -> None:
         """Initialises communication; called once before anything else."""
 

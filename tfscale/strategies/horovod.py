@@ -156,6 +156,13 @@ def horovod_knobs(config: Any) -> dict[str, str]:
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
     if config.cycle_time_ms >= 0:
         env["HOROVOD_CYCLE_TIME"] = str(config.cycle_time_ms)
+    if config.collective_timeout_s:
+        # A rank that stops submitting tensors (stuck or dead) shuts the job down instead of
+        # hanging it; Gloo's own socket timeout covers a peer that vanishes mid-transfer.
+        timeout = max(2, int(config.collective_timeout_s))
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, timeout // 2))
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(timeout)
+        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(timeout)
     return env
 
 
@@ -166,6 +173,13 @@ class HorovodStrategy(Strategy):
     # Horovod's XLA ops are left out of the build (see BUILD.md), so the all-reduce cannot be
     # inside an XLA-compiled training step.
     supports_jit = False
+
+    @classmethod
+    def check_environment(cls) -> None:
+        try:
+            import_horovod()
+        except RuntimeError as err:
+            raise ValueError(str(err)) from None
 
     def setup(self) -> None:
         os.environ.update(horovod_knobs(self.config))

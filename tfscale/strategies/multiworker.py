@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
@@ -51,6 +52,30 @@ def parse_tf_config(text: str) -> tuple[int, int]:
     return index, len(workers)
 
 
+@contextlib.contextmanager
+def _peer_health_check(timeout_s: float) -> Iterator[None]:
+    """Makes a dead or stalled peer abort the collectives within about ``timeout_s`` seconds.
+
+    ``CommunicationOptions(timeout_seconds=...)`` is not used for this: in TF 2.21 it holds one
+    thread per collective op for the whole timeout (thousands of threads within a minute of
+    training, then a crash). The strategy's own peer health check, a ping every
+    ``_check_health_interval`` s with a ``_check_health_timeout`` s deadline that aborts all
+    collectives when a peer does not answer, does the job with one thread. Its period is a
+    private class attribute read when the strategy is created, so it is set around creation.
+    """
+    from tensorflow.python.distribute import collective_all_reduce_strategy as car
+
+    extended = car.CollectiveAllReduceExtended
+    saved = (extended._check_health_interval, extended._check_health_timeout)
+    if timeout_s:
+        extended._check_health_interval = max(1.0, timeout_s / 2)
+        extended._check_health_timeout = max(1.0, timeout_s / 2)
+    try:
+        yield
+    finally:
+        extended._check_health_interval, extended._check_health_timeout = saved
+
+
 class MultiWorkerStrategy(TFDistributeStrategy):
     """One process per worker (TF_CONFIG or Slurm), collective all-reduce across workers."""
 
@@ -67,10 +92,10 @@ class MultiWorkerStrategy(TFDistributeStrategy):
                           "use --num_processes N, or set TF_CONFIG on every worker",
                           stacklevel=2)
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=IMPLEMENTATIONS[self.config.collective],
-            timeout_seconds=self.config.collective_timeout_s or None)
-        self.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=options)
+            implementation=IMPLEMENTATIONS[self.config.collective])
+        with _peer_health_check(self.config.collective_timeout_s):
+            self.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                communication_options=options)
         self._patches = contextlib.ExitStack()
         self._patches.enter_context(fix.scalar_safe_log_reduction())
 
