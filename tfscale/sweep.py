@@ -1,0 +1,137 @@
+"""Sweep ``tfscale.train`` flags over a grid; one results table and scaling plots.
+
+    python -m tfscale.sweep --out runs/sweep \\
+        --grid batch_size=16,32 --grid strategy=horovod,multiworker --grid num_processes=1,2 \\
+        -- --model=resnet50 --steps=10
+
+Every grid point runs as its own ``python -m tfscale.train`` job with its own ``--model_dir``
+(``OUT/points/<point>``). A point whose results.json exists is finished and skipped when the
+sweep is run again; a point that fails is recorded with its exit code and error line, and the
+sweep goes on. The table (``sweep.csv``, ``sweep.json``, ``sweep.md``) and plots
+(``throughput.png``, ``scaling.png``) are rewritten after every point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from absl import app, flags
+
+from tfscale import sweep_report
+
+_GRID = flags.DEFINE_multi_string(
+    "grid", [], "NAME=V1,V2,...: a tfscale.train flag and its values (repeat for more axes).")
+_OUT = flags.DEFINE_string("out", "runs/sweep", "Directory for the points, table and plots.")
+_TIMEOUT = flags.DEFINE_integer("timeout_s", 3600, "Time limit of one point, in seconds.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One grid point: the flag values that differ between points."""
+
+    values: tuple[tuple[str, str], ...]
+
+    @property
+    def name(self) -> str:
+        """A file-system-safe, stable name for the point's directory."""
+        text = "_".join(f"{k}-{v}" for k, v in self.values)
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", text) or "default"
+
+    def flags(self) -> list[str]:
+        return [f"--{k}={v}" for k, v in self.values]
+
+
+def parse_grid(specs: Sequence[str]) -> list[Point]:
+    """The cross product of ``NAME=V1,V2`` axes, in the order given.
+
+    Raises:
+        ValueError: for a malformed axis, a repeated flag, or a flag tfscale.train lacks.
+    """
+    from tfscale.flags import FIELDS
+
+    known = {f.name for f in FIELDS}
+    axes: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip().lstrip("-")
+        options = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not options:
+            raise ValueError(f"--grid={spec!r}: expected NAME=V1,V2,... e.g. batch_size=16,32")
+        if name not in known:
+            raise ValueError(f"--grid={spec!r}: tfscale.train has no flag --{name}")
+        if name in dict(axes):
+            raise ValueError(f"--grid: flag --{name} is given twice")
+        axes.append((name, options))
+    names = [n for n, _ in axes]
+    return [Point(tuple(zip(names, combo, strict=True)))
+            for combo in itertools.product(*(opts for _, opts in axes))]
+
+
+def run_point(point: Point, base: Sequence[str], out: Path, timeout_s: int) -> dict[str, Any]:
+    """Runs (or, if finished before, reads) one point; returns its table row."""
+    model_dir = out / "points" / point.name
+    row: dict[str, Any] = dict(point.values)
+    results_path = model_dir / "results.json"
+    if not results_path.exists():
+        # A half-finished point would resume and report the throughput of a partial run.
+        shutil.rmtree(model_dir, ignore_errors=True)
+        model_dir.mkdir(parents=True)
+        command = [sys.executable, "-m", "tfscale.train", *base, *point.flags(),
+                   f"--model_dir={model_dir}"]
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+            code, err = proc.returncode, proc.stderr
+            (model_dir / "output.log").write_text(proc.stdout + proc.stderr)
+        except subprocess.TimeoutExpired:
+            code, err = 124, f"error: timed out after {timeout_s}s"
+        row["wall_s"] = round(time.monotonic() - start, 1)
+        if code != 0:
+            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+            errors = [ln for ln in lines if ln.startswith("error:")]
+            row.update(status="failed", exit_code=code,
+                       error=(errors or lines or [f"exit code {code}"])[-1][:300])
+            return row
+    results = json.loads(results_path.read_text())
+    row.update(status="ok", **{k: results[k] for k in sweep_report.RESULT_COLUMNS if k in results})
+    return row
+
+
+def sweep(points: Sequence[Point], base: Sequence[str], out: Path,
+          timeout_s: int = 3600) -> list[dict[str, Any]]:
+    """Runs every point in order, rewriting the table and plots after each."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for i, point in enumerate(points, start=1):
+        print(f"[sweep] {i}/{len(points)} {point.name}", flush=True)
+        rows.append(run_point(point, base, out, timeout_s))
+        print(f"[sweep]   {rows[-1]['status']}: "
+              f"{rows[-1].get('images_per_sec', rows[-1].get('error', ''))}", flush=True)
+        sweep_report.write(rows, [k for k, _ in point.values], out)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    try:
+        points = parse_grid(_GRID.value)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rows = sweep(points, argv[1:], Path(_OUT.value), _TIMEOUT.value)
+    failed = sum(r["status"] != "ok" for r in rows)
+    print(f"[sweep] {len(rows) - failed} ok, {failed} failed; table: {_OUT.value}/sweep.md")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
