@@ -35,10 +35,6 @@ def validate_names(config: TrainConfig) -> None:
         raise ValueError(f"--model={config.model} is a {model_task} model but "
                          f"--dataset={config.dataset} is {data_task} data; use one of: "
                          f"{', '.join(fitting)}")
-    if config.xla == "jit" and not strategy.supports_jit:
-        raise ValueError(f"--xla=jit cannot compile the training step of --strategy="
-                         f"{config.strategy} (its gradient exchange cannot run inside XLA); "
-                         "use --xla=auto (TF auto-clustering) or --xla=off")
     strategy.check_environment()
     if config.num_processes > 1 and not strategy.launcher:
         raise ValueError(f"--strategy={config.strategy} runs in one process; --num_processes="

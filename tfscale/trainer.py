@@ -128,7 +128,8 @@ class Trainer:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer = self.strategy.wrap_optimizer(optimizer)
             model.compile(optimizer=optimizer, loss=build_loss(cfg, self.task),
-                          metrics=build_metrics(cfg, self.task), jit_compile=cfg.xla == "jit")
+                          metrics=build_metrics(cfg, self.task),
+                          jit_compile=cfg.xla == "jit" and self.strategy.jit_scope == "step")
             optimizer.build(model.trainable_variables)
         self.strategy.prepare_model(model)
         return model

@@ -31,12 +31,13 @@ class Strategy(abc.ABC):
         launcher: how ``--num_processes N`` starts this strategy's workers: ``""`` (the strategy
             is single-process), ``"horovod"`` (Horovod's Gloo launcher) or ``"tf_config"``
             (one process per worker with a TF_CONFIG on loopback ports).
-        supports_jit: whether the whole training step, gradient exchange included, may be
-            XLA-compiled (``--xla=jit``).
+        jit_scope: what ``--xla=jit`` compiles: ``"step"`` (Keras compiles the whole training
+            step, gradient exchange included) or ``"model"`` (only the model's forward and
+            backward pass, when the gradient exchange cannot run inside XLA).
     """
 
     launcher: ClassVar[str] = ""
-    supports_jit: ClassVar[bool] = True
+    jit_scope: ClassVar[str] = "step"
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -104,6 +105,8 @@ class Strategy(abc.ABC):
 
     def prepare_model(self, model: keras.Model) -> None:
         """Adjusts a compiled model for this strategy before ``fit``."""
+        if self.config.xla == "jit" and self.jit_scope == "model":
+            jit_compile_forward(model)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         """Callbacks the strategy needs in ``model.fit``, placed before all others."""
@@ -150,6 +153,15 @@ class SingleProcessStrategy(Strategy):
 
     def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:
         return None
+
+
+def jit_compile_forward(model: keras.Model) -> None:
+    """XLA-compiles ``model``'s forward pass; the gradient of a compiled function is compiled
+    too, so the backward pass is as well. The rest of the training step (loss bookkeeping,
+    gradient exchange, optimizer update) stays outside XLA."""
+    import tensorflow as tf
+
+    model.call = tf.function(model.call, jit_compile=True, autograph=False)
 
 
 @contextlib.contextmanager
