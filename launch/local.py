@@ -121,7 +121,10 @@ def supervise(
     previous = {s: signal.signal(s, forward) for s in handled}
     try:
         for rank, extra in enumerate(envs):
-            env = {**os.environ, "TFSCALE_LAUNCHED": "1", "PYTHONUNBUFFERED": "1", **extra}
+            env = {**os.environ, "TFSCALE_LAUNCHED": "1", "PYTHONUNBUFFERED": "1",
+                   "TFSCALE_LOCAL_RANK": extra.get("HOROVOD_LOCAL_RANK", str(rank)),
+                   "TFSCALE_LOCAL_SIZE": extra.get("HOROVOD_LOCAL_SIZE", str(len(envs))),
+                   **extra}
             p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                  preexec_fn=_die_with_parent)

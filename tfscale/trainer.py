@@ -20,7 +20,7 @@ import tensorflow as tf
 import input_pipelines
 import models
 from tfscale import callbacks as cbs
-from tfscale import rank_zero, results
+from tfscale import cpu_binding, rank_zero, results
 from tfscale.checkpointing import CheckpointManager
 from tfscale.config import TrainConfig
 from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
@@ -67,8 +67,11 @@ def plan_segments(start: int, total: int, steps_per_epoch: int) -> list[Segment]
 
 def configure_runtime(config: TrainConfig) -> None:
     """Process-wide TF/Keras settings; must run before TensorFlow executes any op."""
-    if config.intra_op_threads:
-        tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    intra = config.intra_op_threads
+    if config.cpu_binding:
+        intra = intra or len(cpu_binding.bind())
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
     if config.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     tf.config.optimizer.set_jit("autoclustering" if config.xla == "auto" else False)

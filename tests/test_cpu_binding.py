@@ -1,0 +1,49 @@
+"""Per-local-rank CPU binding."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_process
+from tfscale.cpu_binding import cores_for, local_layout
+
+
+def test_layout_from_launcher_variables() -> None:
+    assert local_layout({"HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "4"}) == (1, 4)
+    assert local_layout({"SLURM_LOCALID": "2", "SLURM_NTASKS_PER_NODE": "6(x4)"}) == (2, 6)
+    assert local_layout({}) == (0, 1)
+
+
+def test_cores_are_split_into_disjoint_blocks() -> None:
+    cores = list(range(8))
+    blocks = [cores_for(r, 3, cores) for r in range(3)]
+    assert blocks == [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(ValueError, match="3 workers on this node but only 2 cores"):
+        cores_for(0, 3, [0, 1])
+
+
+PROBE = """
+import os, sys
+from tfscale.trainer import configure_runtime
+from tfscale.config import TrainConfig
+configure_runtime(TrainConfig(model="tiny_cnn", cpu_binding=True))
+import tensorflow as tf
+print(sorted(os.sched_getaffinity(0)), tf.config.threading.get_intra_op_parallelism_threads())
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_each_local_worker_gets_its_own_core(tmp_path: Path) -> None:
+    seen = []
+    for rank in (0, 1):
+        proc = run_process([sys.executable, "-c", PROBE], timeout=120,
+                           env={"TFSCALE_LOCAL_RANK": str(rank), "TFSCALE_LOCAL_SIZE": "2"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen.append(proc.stdout.strip().splitlines()[-1])
+    available = sorted(os.sched_getaffinity(0))
+    half = len(available) // 2
+    assert seen == [f"{available[:half]} {half}", f"{available[half:2 * half]} {half}"]
