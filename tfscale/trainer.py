@@ -141,13 +141,14 @@ class Trainer:
         cfg = self.config
         named: dict[str, Any] = {
             "guard": cbs.TrainingGuard(self.strategy),
-            "meter": cbs.ThroughputMeter(self.global_batch),
             "checkpoint": cbs.Checkpoint(manager, cfg.checkpoint_every),
             "progress": cbs.ProgressLogger(total, cfg.log_every, self.global_batch),
         }
         if cfg.tensorboard and self.strategy.is_chief:
             named["tensorboard"] = keras.callbacks.TensorBoard(
                 str(self.model_dir / "tensorboard"), write_graph=False)
+        # Last, so that each measured step includes the other callbacks' work.
+        named["meter"] = cbs.ThroughputMeter(self.global_batch)
         return named
 
     def train(self) -> dict[str, Any]:

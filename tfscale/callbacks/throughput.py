@@ -9,8 +9,9 @@ import keras
 
 
 class ThroughputMeter(keras.callbacks.Callback):
-    """Measures step time and images/sec, leaving out the first step of each ``fit`` call
-    (graph tracing and compilation), and reports them in the epoch logs.
+    """Measures step time and images/sec as the wall time between consecutive batch ends, so
+    data waits and every callback's work count. The first step of each ``fit`` call (graph
+    tracing and compilation) is left out. Reported in the epoch logs too.
 
     Args:
         global_batch: examples consumed per step by the whole job.
@@ -21,21 +22,17 @@ class ThroughputMeter(keras.callbacks.Callback):
         self.global_batch = global_batch
         self.seconds = 0.0
         self.steps = 0
-        self._t0 = 0.0
-        self._first = True
+        self._last: float | None = None
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._first = True
-
-    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._t0 = time.perf_counter()
+        self._last = None
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._first:
-            self._first = False
-            return
-        self.seconds += time.perf_counter() - self._t0
-        self.steps += 1
+        now = time.perf_counter()
+        if self._last is not None:
+            self.seconds += now - self._last
+            self.steps += 1
+        self._last = now
 
     @property
     def step_time_ms(self) -> float:

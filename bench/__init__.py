@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): each prints a table and writes JSON; ``python -m bench.run_all``."""

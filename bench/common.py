@@ -1,0 +1,96 @@
+"""Shared benchmark plumbing: running tfscale.train, the FLOP ceiling, tables and JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results"
+RESNET50_TRAIN_GFLOP = 24.5  # per 224x224 image, forward + backward (~3 x 8.2 GFLOP)
+
+
+def train(flags: Sequence[str], cores: Sequence[int] | None = None,
+          timeout: float = 1800) -> dict[str, Any]:
+    """Runs ``python -m tfscale.train FLAGS`` in a fresh model_dir; returns its results.json.
+
+    Args:
+        flags: tfscale.train flags (without --model_dir).
+        cores: CPU cores the job (and its workers) may use; default all.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "tfscale.train", *flags, f"--model_dir={tmp}/run",
+                   "--tensorboard=false"]
+        pin: Callable[[], None] | None = (
+            (lambda: os.sched_setaffinity(0, set(cores))) if cores else None)
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout, preexec_fn=pin)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stdout[-2000:]}"
+                               f"\n{proc.stderr[-2000:]}")
+        results: dict[str, Any] = json.loads((Path(tmp) / "run" / "results.json").read_text())
+        return results
+
+
+def run_script(command: Sequence[str], timeout: float = 1800) -> dict[str, Any]:
+    """Runs a benchmark helper script that prints one JSON object as its last line."""
+    proc = subprocess.run(list(command), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def matmul_gflops(n: int = 4096, repeats: int = 5) -> float:
+    """Measured float32 matmul GFLOP/s with TensorFlow on this machine (best of ``repeats``)."""
+    import tensorflow as tf
+
+    a = tf.random.uniform((n, n))
+    b = tf.random.uniform((n, n))
+    (a @ b).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        (a @ b).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
+    """Measured memory-copy bandwidth (read + write bytes per second), GB/s."""
+    src = np.ones(megabytes * 1024 * 1024 // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best / 1e9
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A Markdown table of ``rows``."""
+    def cell(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save(name: str, data: dict[str, Any]) -> Path:
+    """Writes ``bench/results/<name>.json`` and returns its path."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
