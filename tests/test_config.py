@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tests.conftest import TINY, run_train
+from tests.conftest import TINY, requires_horovod, run_train
 from tfscale.config import TrainConfig
 
 
@@ -82,3 +82,17 @@ def test_cli_lists_plugins() -> None:
     assert proc.returncode == 0
     for name in ("resnet50", "tiny_cnn", "synthetic", "default", "horovod"):
         assert name in proc.stdout
+
+
+@pytest.mark.parametrize(("strategy", "warning"), [
+    pytest.param("horovod", "--strategy=horovod is running as a single worker; start it with "
+                 "--num_processes N", marks=requires_horovod),
+    ("multiworker", "--strategy=multiworker without TF_CONFIG runs as a single worker; use "
+                    "--num_processes N"),
+])
+def test_multi_process_strategy_without_launcher_warns(strategy: str, warning: str,
+                                                       tmp_path: object) -> None:
+    proc = run_train(*TINY, f"--strategy={strategy}", "--steps=1", f"--model_dir={tmp_path}",
+                     timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert warning in proc.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import input_pipelines
@@ -45,3 +47,29 @@ def test_third_party_strategy_registers() -> None:
             register("bad_for_test", int, "not a strategy")  # type: ignore[arg-type]
     finally:
         STRATEGIES._entries.pop("mine_for_test")
+
+
+def test_strategy_from_an_installed_package_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tfscale.strategies import STRATEGIES, registry
+
+    package = tmp_path / "acme_strategy"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from tfscale.strategies import SingleProcessStrategy\n\n"
+        "class AcmeStrategy(SingleProcessStrategy):\n"
+        '    """Acme\'s in-house strategy."""\n')
+    dist = tmp_path / "acme_strategy-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-strategy\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[tfscale.strategies]\nacme = acme_strategy:AcmeStrategy\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    try:
+        registry.load_plugins()
+        assert STRATEGIES.entry("acme").description == "Acme's in-house strategy."
+        assert STRATEGIES.get("acme").__name__ == "AcmeStrategy"
+    finally:
+        STRATEGIES._entries.pop("acme", None)
