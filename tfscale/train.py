@@ -37,8 +37,8 @@ LAUNCHER_VARIABLES = ("TFSCALE_LAUNCHED", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"
 
 def inside_launcher(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
     """True when this process is one rank of a job that something else launched."""
-    return any(v in environ for v in LAUNCHER_VARIABLES) or int(
-        environ.get("SLURM_NTASKS", "1")) > 1
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1"))
+    return any(v in environ for v in LAUNCHER_VARIABLES) or int(tasks) > 1
 
 
 def main(argv: list[str]) -> int:
