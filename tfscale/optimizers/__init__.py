@@ -5,7 +5,11 @@ from __future__ import annotations
 import keras
 
 from tfscale.config import TrainConfig
+from tfscale.optimizers.lars import LARC, LARS, TrustRatioSGD
 from tfscale.optimizers.schedules import WarmupDecay
+
+__all__ = ["LARC", "LARS", "TrustRatioSGD", "WarmupDecay", "build_optimizer", "build_schedule",
+           "scaled_learning_rate"]
 
 
 def scaled_learning_rate(config: TrainConfig, world_size: int) -> float:
@@ -40,4 +44,12 @@ def build_optimizer(
                                       beta_1=config.momentum)
     if config.optimizer == "lamb":
         return keras.optimizers.Lamb(lr, beta_1=config.momentum, weight_decay=wd)
+    if config.optimizer == "lars":
+        return LARS(lr, momentum=config.momentum, eta=config.lars_eta,
+                    weight_decay=config.weight_decay,
+                    exclude_bias_bn=config.lars_exclude_bias_bn)
+    if config.optimizer == "larc":
+        return LARC(lr, momentum=config.momentum, eta=config.lars_eta,
+                    weight_decay=config.weight_decay,
+                    exclude_bias_bn=config.lars_exclude_bias_bn, mode=config.larc_mode)
     raise ValueError(f"--optimizer={config.optimizer} is not available in this build")
