@@ -369,9 +369,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="print this rank's TF_CONFIG (multi-worker) instead")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help="first port of the workers on each node")
+    parser.add_argument("--hosts", default="",
+                        help="the job's hosts in rank order (Slurm syntax), for launchers "
+                             "whose variables do not list them (mpirun)")
+    parser.add_argument("--ranks_per_node", type=int, default=0,
+                        help="ranks on every host, for launchers whose variables do not say "
+                             "(mpirun, jsrun); ranks fill one host before the next")
     args = parser.parse_args(argv)
     try:
         env = detect()
+        if args.hosts:
+            env = dataclasses.replace(env, hosts=tuple(expand_hostlist(args.hosts)),
+                                      tasks_per_node=(), node_index=-1)
+        if args.ranks_per_node:
+            env = dataclasses.replace(env, tasks_per_node=(args.ranks_per_node,) * len(env.hosts),
+                                      distribution="block")
         out = tf_config(env, args.port) if args.tf_config else dataclasses.asdict(env)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,0 +1,173 @@
+"""The parts every job script shares: the per-rank wrapper, the log directory, the pre-flight
+check and the launch line with its failure report.
+
+A job script writes ``rank.sh`` into its log directory and starts one copy per rank with the
+cluster's launcher. ``rank.sh`` reads the rank and local rank from the launcher's variables,
+sets the communication knobs, pins the rank to its GPU(s) by local rank, and runs
+``python -m tfscale.train`` with its output in ``rank-<rank>.log`` next to it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+
+from launch.jobs.spec import ONE_RANK_PER_GPU, JobRequest
+
+RANK_SCRIPT_END = "TFSCALE_RANK_SCRIPT"
+JOB_ID = "${SLURM_JOB_ID:-${LSB_JOBID:-$(date +%Y%m%d-%H%M%S)-$$}}"
+
+
+def quote(words: Sequence[str]) -> str:
+    """Shell-quoted words joined by spaces."""
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def command(parts: Sequence[str]) -> str:
+    """A long command over several lines, one part (an option with its value) per line.
+
+    Parts are written as given, so callers quote what needs it.
+    """
+    return " \\\n    ".join(parts)
+
+
+def cores_per_rank(req: JobRequest, cpus_on_node: str, name: str = "CORES_PER_RANK") -> list[str]:
+    """Lines setting shell variable ``name`` to the cores per rank: the request's number, or
+    the node's CPUs (``cpus_on_node``, a shell expression) shared among its ranks at run time.
+    """
+    if req.cores_per_rank:
+        return [f"{name}={req.cores_per_rank}"]
+    return [f"{name}=$(( {cpus_on_node} / {req.ranks_per_node} ))",
+            f'[ "${name}" -ge 1 ] || {{ echo "error: {req.ranks_per_node} ranks per node but '
+            f'only {cpus_on_node} CPUs" >&2; exit 1; }}']
+
+
+def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: str,
+                tf_config_args: Sequence[str] = (), taskset: bool = False) -> str:
+    """The per-rank wrapper.
+
+    Args:
+        req: the request.
+        rank_var: the launcher's variable holding the global rank.
+        local_rank_var: the launcher's variable holding the rank on its node.
+        launcher: the launcher's name, for the error when the variables are missing.
+        tf_config_args: extra ``tfscale.cluster_env`` options to build TF_CONFIG with
+            (``--strategy multiworker`` only).
+        taskset: bind the rank to its share of the cores here (for launchers that do not).
+    """
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# One rank of the job, started by {launcher} once per rank.",
+        "set -euo pipefail",
+        f'rank=${{{rank_var}:?not started by {launcher}}}',
+        f'local_rank=${{{local_rank_var}:?not started by {launcher}}}',
+        'exec >"$(dirname "$0")/rank-$rank.log" 2>&1',
+        f"cd {shlex.quote(req.workdir)}",
+        "# Communication knobs (a value already in the environment wins).",
+    ]
+    for name, value in req.knobs.environment().items():
+        lines.append(f'export {name}="${{{name}:-{value}}}"')
+    if req.gpus_per_node:
+        lines += _gpu_pinning(req)
+    args = [req.python, "-m", "tfscale.train", *req.train_args]
+    if req.stage_dir:
+        lines += ["# Node-local copy of this rank's data (tfscale.train --stage_dir fills it).",
+                  f'stage_dir="{req.stage_dir}"', 'mkdir -p "$stage_dir"']
+    if req.strategy == "multiworker":
+        resolve = [req.python, "-m", "tfscale.cluster_env", "--tf_config",
+                   "--port", str(req.port), *tf_config_args]
+        lines += ["# This rank's place in the TF cluster, from the launcher's variables.",
+                  f"TF_CONFIG=$({quote(resolve)})", "export TF_CONFIG"]
+    run = quote(args) + (' --stage_dir="$stage_dir"' if req.stage_dir else "")
+    if taskset:
+        lines += [*cores_per_rank(req, "$(nproc)", "cores"), "first=$((local_rank * cores))",
+                  'run=(taskset -c "$first-$((first + cores - 1))")',
+                  'command -v taskset >/dev/null || run=()']
+        run = '"${run[@]}" ' + run
+    lines += ['echo "[tfscale] rank $rank (local $local_rank) on $(hostname)'
+              ' CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"', f"exec {run}"]
+    return "\n".join(lines) + "\n"
+
+
+def _gpu_pinning(req: JobRequest) -> list[str]:
+    node_gpus = req.node_gpus or req.gpus_per_node
+    return [
+        "# Pin this rank to its GPU(s) by local rank, unless the launcher already gave it",
+        "# exactly its own (srun --gpus-per-task, jsrun --gpu_per_rs).",
+        f"gpus_per_rank={req.gpus_per_rank}",
+        'if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then',
+        '  IFS=, read -ra visible <<<"$CUDA_VISIBLE_DEVICES"',
+        "else",
+        f"  visible=($(seq 0 {node_gpus - 1}))",
+        "fi",
+        'if [ "${#visible[@]}" -ne "$gpus_per_rank" ]; then',
+        "  first=$((local_rank * gpus_per_rank))",
+        '  if [ $((first + gpus_per_rank)) -gt "${#visible[@]}" ]; then',
+        '    echo "error: local rank $local_rank needs $gpus_per_rank GPU(s) from index $first,'
+        ' but this node shows: ${visible[*]}" >&2',
+        "    exit 1",
+        "  fi",
+        '  CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${visible[*]:first:gpus_per_rank}")',
+        "  export CUDA_VISIBLE_DEVICES",
+        "fi",
+    ]
+
+
+def preflight(req: JobRequest, needs: str) -> list[str]:
+    """Lines that stop the job early when Horovod cannot work here.
+
+    Args:
+        req: the request (its strategy decides whether Horovod is needed).
+        needs: ``"mpi"`` or ``"gloo"``: which Horovod controller the launcher relies on.
+    """
+    if req.strategy not in ONE_RANK_PER_GPU:
+        return []
+    hint = ("TFSCALE_WITH_MPI=1 bash launch/setup.sh" if needs == "mpi"
+            else "bash launch/setup.sh")
+    return [f"# The {req.strategy} strategy needs a Horovod built with {needs.upper()}.",
+            f"{shlex.quote(req.python)} - <<'TFSCALE_CHECK'",
+            "import sys",
+            "import horovod.tensorflow as hvd",
+            f"if not hvd.{needs}_built():",
+            f'    sys.exit("error: this Horovod was built without {needs.upper()}; rebuild it '
+            f'with: {hint} (see BUILD.md)")',
+            "TFSCALE_CHECK"]
+
+
+def job_script(req: JobRequest, header: Sequence[str], rank: str, launch: Sequence[str],
+               setup_extra: Sequence[str] = ()) -> str:
+    """The whole job script.
+
+    Args:
+        req: the request.
+        header: scheduler directives (``#SBATCH ...``), without the shebang.
+        rank: the per-rank wrapper (:func:`rank_script`).
+        launch: the launcher's command, one part (option and value) per item.
+        setup_extra: lines after the user's set-up lines (pre-flight checks, variables).
+    """
+    gpus = (f"{req.gpus_per_rank} GPU(s)" if req.gpus_per_node else "no GPU")
+    cores = f"{req.cores_per_rank} core(s)" if req.cores_per_rank else "an equal share of cores"
+    summary = (f"{req.nodes} node(s) x {req.ranks_per_node} rank(s) = {req.total_ranks} "
+               f"ranks, each with {gpus} and {cores}; --strategy={req.strategy}")
+    lines = ["#!/usr/bin/env bash", *header,
+             f"# tfscale job: {summary}."]
+    if req.comment:
+        lines.append(f"# {req.comment}")
+    lines += ["set -euo pipefail", f"cd {shlex.quote(req.workdir)}", *req.setup]
+    if os.path.isabs(req.python):
+        lines += ["# The Python environment's tools (horovodrun) first on the PATH.",
+                  f'export PATH={shlex.quote(os.path.dirname(req.python))}:"$PATH"']
+    lines += [
+              f'LOG_DIR="{req.log_dir}/{req.job_name}-{JOB_ID}"', 'mkdir -p "$LOG_DIR"',
+              f"cat >\"$LOG_DIR/rank.sh\" <<'{RANK_SCRIPT_END}'", rank.rstrip("\n"),
+              RANK_SCRIPT_END, 'chmod +x "$LOG_DIR/rank.sh"', *setup_extra,
+              f'echo "[tfscale] {summary}; per-rank logs: $LOG_DIR/rank-<rank>.log"',
+              "status=0", command(list(launch)) + " || status=$?",
+              'if [ "$status" -ne 0 ]; then',
+              '  echo "[tfscale] the launcher exited with status $status; the end of each '
+              'rank\'s log:" >&2',
+              '  tail -n 5 "$LOG_DIR"/rank-*.log >&2 || true',
+              "fi",
+              'exit "$status"']
+    return "\n".join(lines) + "\n"
