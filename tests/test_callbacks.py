@@ -61,8 +61,9 @@ def test_chief_only_forwards_on_chief_and_not_elsewhere(tmp_path: Path) -> None:
 
 
 def test_launcher_rank_from_environment() -> None:
-    assert rank_zero.launcher_rank({"OMPI_COMM_WORLD_RANK": "3"}) == 3
-    assert rank_zero.launcher_rank({"SLURM_PROCID": "5"}) == 5
+    assert rank_zero.launcher_rank({
+        "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == 3
     assert rank_zero.launcher_rank({"TF_CONFIG": '{"task": {"index": 2}}'}) == 2
     assert rank_zero.launcher_rank({}) == 0
 

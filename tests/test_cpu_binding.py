@@ -13,8 +13,10 @@ from tfscale.cpu_binding import cores_for, local_layout
 
 
 def test_layout_from_launcher_variables() -> None:
-    assert local_layout({"HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "4"}) == (1, 4)
-    assert local_layout({"SLURM_LOCALID": "2", "SLURM_NTASKS_PER_NODE": "6(x4)"}) == (2, 6)
+    horovodrun = {"HOROVOD_RANK": "5", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1",
+                  "HOROVOD_LOCAL_SIZE": "4"}
+    assert local_layout(horovodrun) == (1, 4)
+    assert local_layout({"TFSCALE_LOCAL_RANK": "0", "TFSCALE_LOCAL_SIZE": "2"}) == (0, 2)
     assert local_layout({}) == (0, 1)
 
 

@@ -10,21 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-LOCAL_VARIABLES = (
-    ("TFSCALE_LOCAL_RANK", "TFSCALE_LOCAL_SIZE"),
-    ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
-    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE"),
-    ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
-)
-
 
 def local_layout(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
-    """(local rank, local size) from the launcher's variables; (0, 1) when run alone."""
-    for rank_var, size_var in LOCAL_VARIABLES:
-        if rank_var in environ and size_var in environ:
-            return int(environ[rank_var]), int(environ[size_var].split("(")[0])
-    return 0, 1
+    """(local rank, local size): tfscale's launcher's, else the cluster launcher's
+    (:mod:`tfscale.cluster_env`); (0, 1) when run alone."""
+    if "TFSCALE_LOCAL_RANK" in environ:
+        return int(environ["TFSCALE_LOCAL_RANK"]), int(environ["TFSCALE_LOCAL_SIZE"])
+    from tfscale import cluster_env
+
+    env = cluster_env.detect(environ)
+    return env.local_rank, env.local_size
 
 
 def cores_for(local_rank: int, local_size: int, available: list[int]) -> list[int]:

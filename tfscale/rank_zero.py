@@ -12,15 +12,13 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 _rank: int | None = None
-RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
-                  "JSM_NAMESPACE_RANK", "SLURM_PROCID")
 
 
 def set_rank(rank: int) -> None:
@@ -29,14 +27,14 @@ def set_rank(rank: int) -> None:
     _rank = rank
 
 
-def launcher_rank(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+def launcher_rank(environ: Mapping[str, str] = os.environ) -> int:
     """This process's rank according to the launcher's environment (0 when launched alone)."""
-    for name in RANK_VARIABLES:
-        if name in environ:
-            return int(environ[name])
-    if "TF_CONFIG" in environ:
+    from tfscale import cluster_env
+
+    env = cluster_env.detect(environ)
+    if env.launcher == "none" and "TF_CONFIG" in environ:
         return int(json.loads(environ["TF_CONFIG"]).get("task", {}).get("index", 0))
-    return 0
+    return env.rank
 
 
 def rank() -> int:

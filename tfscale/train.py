@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -31,14 +32,13 @@ from tfscale.errors import (  # noqa: E402
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
 
 FLAGS = absl_flags.FLAGS
-LAUNCHER_VARIABLES = ("TFSCALE_LAUNCHED", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                      "PMIX_RANK", "JSM_NAMESPACE_RANK", "TF_CONFIG")
-
-
-def inside_launcher(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+def inside_launcher(environ: Mapping[str, str] = os.environ) -> bool:
     """True when this process is one rank of a job that something else launched."""
-    tasks = environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1"))
-    return any(v in environ for v in LAUNCHER_VARIABLES) or int(tasks) > 1
+    from tfscale import cluster_env
+
+    if "TFSCALE_LAUNCHED" in environ or "TF_CONFIG" in environ:
+        return True
+    return cluster_env.detect(environ).size > 1
 
 
 def main(argv: list[str]) -> int:

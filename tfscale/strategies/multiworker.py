@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from tfscale import cluster_env
 from tfscale.strategies import keras_multiworker_fix as fix
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
 
@@ -27,29 +28,6 @@ IMPLEMENTATIONS = {
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
     "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
 }
-
-
-def tf_config_from_slurm(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
-    """A TF_CONFIG for this ``srun`` task, from Slurm's variables (TF's Slurm resolver expands
-    the node list; ports start at ``TFSCALE_PORT_BASE``, default 8888, one per task on a node).
-    """
-    from tensorflow.python.distribute.cluster_resolver import SlurmClusterResolver
-
-    gpus = len(tf.config.list_physical_devices("GPU"))
-    # TF's resolver places tasks on GPU slots only (no GPU = no task); on CPU nodes give it
-    # nominal slots and keep it away from CUDA_VISIBLE_DEVICES.
-    resolver = SlurmClusterResolver(port_base=int(environ.get("TFSCALE_PORT_BASE", "8888")),
-                                    gpus_per_node=gpus or 1024, gpus_per_task=1,
-                                    auto_set_gpu=bool(gpus))
-    spec = resolver.cluster_spec().as_dict()
-    return json.dumps({"cluster": {"worker": spec["worker"]},
-                       "task": {"type": "worker", "index": resolver.task_id}})
-
-
-def under_slurm(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """True for a task of a multi-task ``srun`` step."""
-    tasks = environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1"))
-    return "SLURM_PROCID" in environ and int(tasks) > 1
 
 
 def parse_tf_config(text: str) -> tuple[int, int]:
@@ -105,8 +83,11 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     launcher = "tf_config"
 
     def setup(self) -> None:
-        if "TF_CONFIG" not in os.environ and under_slurm():
-            os.environ["TF_CONFIG"] = tf_config_from_slurm()
+        if "TF_CONFIG" not in os.environ:
+            env = cluster_env.detect()
+            if env.launcher == "slurm" and env.size > 1:
+                port = int(os.environ.get("TFSCALE_PORT_BASE", cluster_env.DEFAULT_PORT))
+                os.environ["TF_CONFIG"] = json.dumps(cluster_env.tf_config(env, port))
         text = os.environ.get("TF_CONFIG", "")
         self._rank, self._size = parse_tf_config(text) if text else (0, 1)
         if self.config.num_processes > 1 and self.config.num_processes != self._size:
