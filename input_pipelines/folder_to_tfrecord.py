@@ -1,0 +1,143 @@
+"""Convert image folders (one sub-folder per class) to ImageNet-style TFRecord shards.
+
+    python -m input_pipelines.folder_to_tfrecord --input_dir /data/pets \\
+        --output_dir /data/pets-tfrecord --shards 16 [--validation_shards 2] [--encoding jpeg]
+
+Reads ``INPUT_DIR/CLASS/*`` (or ``INPUT_DIR/{train,validation}/CLASS/*``), shuffles each split
+with ``--seed`` and writes balanced shards of ``tf.train.Example`` records (``image/encoded``,
+``image/format``, ``image/class/label``, ``image/class/text``, ``image/height``, ``image/width``,
+``image/filename``) plus ``manifest.json``, for ``--dataset=imagenet``. Every image is decoded
+once on the way: one that does not decode stops the conversion naming it. ``--encoding=jpeg``
+(default) keeps JPEG files byte for byte and re-encodes other formats as JPEG;
+``--encoding=keep`` stores every file's bytes as they are (lossless for PNG). Re-running resumes:
+finished shards whose inputs are unchanged are verified by checksum and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from input_pipelines.errors import DataError
+from input_pipelines.image_files import check_signature, list_images
+from input_pipelines.report import Progress
+from input_pipelines.shard_writer import load_manifest, write_split
+
+ENCODINGS = ("jpeg", "keep")
+
+
+def _feature(value: bytes | int) -> tf.train.Feature:
+    if isinstance(value, bytes):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+
+def image_example(path: str, label: int, class_name: str, name: str, encoding: str,
+                  quality: int) -> bytes:
+    """The serialized example of the image at ``path``.
+
+    Raises:
+        DataError: the image does not decode (naming ``path``).
+    """
+    check_signature(path)
+    with open(path, "rb") as f:
+        encoded = f.read()
+    try:
+        image = tf.io.decode_image(encoded, expand_animations=False)
+    except tf.errors.OpError as err:
+        raise DataError(f"{path}: cannot decode the image: {err.message.splitlines()[0]}") from None
+    is_jpeg = bool(tf.io.is_jpeg(encoded))
+    if encoding == "jpeg" and not is_jpeg:
+        if image.shape[-1] not in (1, 3):  # drop alpha: JPEG has none
+            image = image[..., :3] if image.shape[-1] == 4 else image[..., :1]
+        encoded = tf.io.encode_jpeg(image, quality=quality).numpy()
+        is_jpeg = True
+    kind = "jpeg" if is_jpeg else os.path.splitext(path)[1].lstrip(".").lower()
+    features = {
+        "image/encoded": _feature(encoded), "image/format": _feature(kind.encode()),
+        "image/class/label": _feature(label), "image/class/text": _feature(class_name.encode()),
+        "image/height": _feature(int(image.shape[0])), "image/width": _feature(int(image.shape[1])),
+        "image/filename": _feature(name.encode()),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int,
+            encoding: str = "jpeg", quality: int = 95, seed: int = 0) -> dict[str, list[str]]:
+    """Converts ``input_dir`` into shards under ``output_dir``.
+
+    Returns:
+        The shards skipped as already written, per split.
+
+    Raises:
+        DataError: a bad folder or image, or a bad argument.
+    """
+    if encoding not in ENCODINGS:
+        raise DataError(f"--encoding={encoding!r} is not valid; choose one of: "
+                        f"{', '.join(ENCODINGS)}")
+    if min(shards, validation_shards) < 1:
+        raise DataError("--shards and --validation_shards must be at least 1")
+    train = list_images(input_dir, "train")
+    splits = {"train": (train, shards)}
+    if os.path.isdir(os.path.join(input_dir, "validation")):
+        splits["validation"] = (list_images(input_dir, "validation"), validation_shards)
+    os.makedirs(output_dir, exist_ok=True)
+    header = {"task": "classification", "classes": train.classes, "encoding": encoding}
+    manifest = load_manifest(output_dir, header)
+    total = sum(min(n, len(f.paths)) for f, n in splits.values())
+    size = sum(os.path.getsize(p) for f, _ in splits.values() for p in f.paths)
+    progress = Progress(f"writing {output_dir}", total, size)
+    skipped = {}
+    for split, (folder, count) in splits.items():
+        order = list(range(len(folder.paths)))
+        random.Random(seed).shuffle(order)
+        items = [(folder.paths[i], folder.labels[i]) for i in order]
+        identities = []
+        for path, label in items:
+            stat = os.stat(path)
+            identities.append(f"{os.path.relpath(path, input_dir)}|{label}|{stat.st_size}|"
+                              f"{stat.st_mtime_ns}|{encoding}|{quality}")
+
+        def encode(item: tuple[str, int], _: object, root: str = folder.root,
+                   classes: list[str] = folder.classes) -> tuple[bytes, int, int]:
+            path, label = item
+            record = image_example(path, label, classes[label], os.path.relpath(path, root),
+                                   encoding, quality)
+            return record, label, label
+
+        skipped[split] = write_split(output_dir, manifest, split, items, identities,
+                                     min(count, len(items)), encode, None, progress)
+    progress.done()
+    return skipped
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m input_pipelines.folder_to_tfrecord",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--input_dir", required=True, help="Folder of class sub-folders.")
+    parser.add_argument("--output_dir", required=True, help="Where to write the shards.")
+    parser.add_argument("--shards", type=int, default=8, help="Training shards.")
+    parser.add_argument("--validation_shards", type=int, default=2, help="Validation shards.")
+    parser.add_argument("--encoding", default="jpeg", choices=ENCODINGS,
+                        help="jpeg: store JPEG (re-encode other formats); keep: store as is.")
+    parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoding.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the record order.")
+    args = parser.parse_args(argv)
+    try:
+        skipped = convert(args.input_dir, args.output_dir, args.shards, args.validation_shards,
+                          args.encoding, args.quality, args.seed)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    kept = sum(len(s) for s in skipped.values())
+    print(f"wrote {args.output_dir} (skipped {kept} shard(s) already written and verified)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Classification straight from image folders (one sub-folder per class), for small data.
+
+Layout as in :mod:`input_pipelines.image_files`. Each image file is one record, so sharding is
+by image (``--record_sharding`` changes nothing). Before training each worker checks that its
+images look like images (their first bytes), and, when they total at most
+:data:`~input_pipelines.checks.FULL_CHECK_BYTES`, decodes every one; a bad image fails the run
+naming the file, or is skipped and reported with ``--skip_corrupt``. Preprocessing is the
+ImageNet one (:mod:`input_pipelines.image_preprocessing`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from input_pipelines import checks, mechanics, report
+from input_pipelines.errors import CorruptFileError, DataError
+from input_pipelines.files import shard_files
+from input_pipelines.image_files import (
+    IMAGE_SUFFIXES,
+    ImageFolder,
+    check_signature,
+    list_images,
+)
+from input_pipelines.image_preprocessing import (
+    classification_transform,
+    decodes,
+    validate_channels,
+)
+from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.sources import report_skipped
+from input_pipelines.staging import stage
+from tfscale.config import TrainConfig
+
+
+def check_classes(folder: ImageFolder, num_classes: int) -> None:
+    """Raises ``DataError`` when there are more class folders than ``num_classes``."""
+    if len(folder.classes) > num_classes:
+        name = folder.classes[num_classes]
+        raise DataError(f"{folder.root} has {len(folder.classes)} class folders but "
+                        f"--num_classes={num_classes}: class folder '{name}' would get label "
+                        f"{num_classes}, outside [0, {num_classes})")
+
+
+def read_image_file(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
+    """A :data:`~input_pipelines.mechanics.Reader`: an image file is one record, its path."""
+    del count
+    return tf.data.Dataset.from_tensors((first, path))
+
+
+def _worker_images(config: TrainConfig, shard: Shard,
+                   split: str) -> tuple[list[str], list[int], list[str]]:
+    """This worker's image paths (staged if staging), labels and source names, checked."""
+    folder = list_images(config.data_dir, split)
+    check_classes(folder, config.num_classes)
+    if folder.ignored:
+        report.warn(shard, f"ignored {len(folder.ignored)} file(s) that are not images "
+                           f"({' '.join(IMAGE_SUFFIXES)}), e.g. {folder.ignored[0]}")
+    mine = shard_files(folder.paths, shard, record_sharding=False, unit="images",
+                       hint="add images or use fewer workers")
+    label_of = dict(zip(folder.paths, folder.labels, strict=True))
+    corrupt: list[CorruptFileError] = []
+    for path in mine:
+        try:
+            check_signature(path)
+        except CorruptFileError as err:
+            corrupt.append(err)
+    if sum(os.path.getsize(p) for p in mine) <= checks.FULL_CHECK_BYTES:
+        bad = {e.path for e in corrupt}
+        rest = [p for p in mine if p not in bad]
+        channels = config.input_channels
+        corrupt += checks.check_files(
+            rest, [label_of[p] for p in rest],
+            lambda p, label: decodes(tf.io.read_file(p), label, channels),
+            config.num_classes)
+    if corrupt and not config.skip_corrupt:
+        raise corrupt[0]
+    if corrupt:
+        report_skipped(shard, split, corrupt, len(mine))
+    bad = {e.path for e in corrupt}
+    sources = [p for p in mine if p not in bad]
+    paths = sources
+    if config.stage_dir:
+        paths = stage(sources, config.data_dir, config.stage_dir, shard, {}).paths
+    return paths, [label_of[s] for s in sources], sources
+
+
+@register("image_folder", "classification from folders of images, one sub-folder per class",
+          task="classification")
+def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    validate_channels(config.input_channels, "image_folder")
+    paths, labels, _ = _worker_images(config, shard, split)
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(paths, tf.constant(labels, tf.int64)), -1)
+
+    def parse(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return tf.io.read_file(path), table.lookup(path)
+
+    transform = classification_transform(config.image_size, config.input_channels,
+                                         config.num_classes, split)
+    return mechanics.batches(paths, [1] * len(paths), read_image_file, parse, transform,
+                             config, shard, split, batch_size)

@@ -1,0 +1,133 @@
+"""Image decoding and augmentation for classification (ImageNet-style).
+
+Training: a random-resized crop (random area 8-100%, aspect ratio 3/4-4/3) chosen from the
+image's header and fused with JPEG decoding (only the crop is decoded), resized to
+``image_size``, and a random horizontal flip. Evaluation: a central crop covering
+``image_size / (image_size + 32)`` of the shorter side (224 of 256), resized to ``image_size``.
+Both end with per-channel normalization. Randomness is stateless: the caller passes each
+image's seed, so the augmentation of an element is a function of its position in the stream.
+Images in other formats (PNG, GIF, BMP) take the same path after a full decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from input_pipelines.checks import checked_labels
+
+# Per-channel mean and standard deviation of ImageNet pixels scaled to [0, 1].
+MEAN_RGB = (0.485, 0.456, 0.406)
+STDDEV_RGB = (0.229, 0.224, 0.225)
+MEAN_GRAY = (0.449,)
+STDDEV_GRAY = (0.226,)
+EVAL_PADDING = 32
+AREA_RANGE = (0.08, 1.0)
+ASPECT_RANGE = (3 / 4, 4 / 3)
+
+Window = Callable[[tf.Tensor], tf.Tensor]  # image shape [h, w, c] -> crop window [y, x, h, w]
+
+
+def _decode_window(encoded: tf.Tensor, window: Window, channels: int) -> tf.Tensor:
+    """Decodes the crop ``window(shape)`` of an encoded image (only that part for JPEG)."""
+
+    def jpeg() -> tf.Tensor:
+        crop = window(tf.image.extract_jpeg_shape(encoded))
+        return tf.image.decode_and_crop_jpeg(encoded, crop, channels=channels)
+
+    def other() -> tf.Tensor:
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        crop = window(tf.shape(image))
+        return tf.slice(image, [crop[0], crop[1], 0], [crop[2], crop[3], channels])
+
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+
+
+def normalize(image: tf.Tensor, channels: int) -> tf.Tensor:
+    """uint8/float pixels in [0, 255] -> float32, minus the ImageNet mean, over its stddev."""
+    mean, std = (MEAN_RGB, STDDEV_RGB) if channels == 3 else (MEAN_GRAY, STDDEV_GRAY)
+    image = tf.cast(image, tf.float32) / 255.0
+    return (image - tf.constant(mean)) / tf.constant(std)
+
+
+def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    return tf.image.resize(image, [image_size, image_size], method="bilinear", antialias=False)
+
+
+def train_image(encoded: tf.Tensor, seed: tf.Tensor, image_size: int,
+                channels: int) -> tf.Tensor:
+    """Random-resized crop + horizontal flip of an encoded image, normalized.
+
+    Args:
+        encoded: JPEG (or PNG, GIF, BMP) bytes, a scalar string tensor.
+        seed: int64 ``[2]`` stateless seed of this element.
+        image_size: output height and width.
+        channels: 3 (RGB) or 1 (grayscale).
+
+    Returns:
+        float32 ``[image_size, image_size, channels]``.
+    """
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+
+    def window(shape: tf.Tensor) -> tf.Tensor:
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=crop_seed,
+            min_object_covered=0.1, aspect_ratio_range=ASPECT_RANGE, area_range=AREA_RANGE,
+            max_attempts=10, use_image_if_no_bounding_boxes=True)
+        return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+    image = _resize(_decode_window(encoded, window, channels), image_size)
+    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    return tf.ensure_shape(normalize(image, channels), [image_size, image_size, channels])
+
+
+def eval_image(encoded: tf.Tensor, image_size: int, channels: int) -> tf.Tensor:
+    """Central crop of an encoded image resized to ``image_size``, normalized.
+
+    Returns:
+        float32 ``[image_size, image_size, channels]``.
+    """
+
+    def window(shape: tf.Tensor) -> tf.Tensor:
+        height, width = shape[0], shape[1]
+        fraction = image_size / (image_size + EVAL_PADDING)
+        side = tf.cast(fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
+        side = tf.maximum(side, 1)
+        return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
+
+    image = _resize(_decode_window(encoded, window, channels), image_size)
+    return tf.ensure_shape(normalize(image, channels), [image_size, image_size, channels])
+
+
+def validate_channels(channels: int, dataset: str) -> None:
+    """Raises ``ValueError`` unless ``channels`` is 1 or 3 (what image decoders produce)."""
+    if channels not in (1, 3):
+        raise ValueError(f"--input_channels={channels} is not valid for --dataset={dataset}; "
+                         "images decode to 1 (grayscale) or 3 (RGB) channels")
+
+
+def classification_transform(image_size: int, channels: int, num_classes: int,
+                             split: str) -> Callable[[tuple[tf.Tensor, tf.Tensor], tf.Tensor],
+                                                     tuple[tf.Tensor, tf.Tensor]]:
+    """(encoded image, label), seed -> (float32 image, int32 label) for ``split``."""
+
+    def transform(element: tuple[tf.Tensor, tf.Tensor],
+                  seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        encoded, label = element
+        if split == "train":
+            image = train_image(encoded, seed, image_size, channels)
+        else:
+            image = eval_image(encoded, image_size, channels)
+        return image, checked_labels(label, num_classes)
+
+    return transform
+
+
+def decodes(encoded: tf.Tensor, label: tf.Tensor, channels: int) -> tf.Tensor:
+    """Decodes the whole image (failing if it cannot) and returns ``[label, label]``, the
+    label range the up-front check (:mod:`input_pipelines.checks`) expects."""
+    image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+    with tf.control_dependencies([image]):
+        label = tf.cast(label, tf.int64)
+        return tf.stack([label, label])

@@ -1,0 +1,96 @@
+"""What the segmentation pipelines share: statistics, checks before training, the transform.
+
+Both read ``stats.json`` beside the data (:mod:`input_pipelines.stats`), check the sample shape
+against ``--input_channels`` and ``--image_size`` and each file's recorded label range against
+``--num_classes``, and turn a sample into ``(normalized float32 H x W x C, int32 H x W)``.
+Samples larger than ``--image_size`` are cropped to it: at random when training (the same window
+for data and labels), centrally for validation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from input_pipelines.checks import checked_labels, label_error
+from input_pipelines.errors import DataError
+from input_pipelines.files import data_root
+from input_pipelines.stats import STATS, load_stats
+from tfscale.config import TrainConfig
+
+
+def required_stats(config: TrainConfig) -> dict[str, Any]:
+    """The stats.json of ``--data_dir``.
+
+    Raises:
+        DataError: it is missing (saying how to compute it).
+    """
+    root = data_root(config.data_dir)
+    if not os.path.exists(config.data_dir):
+        raise DataError(f"--data_dir={config.data_dir} does not exist")
+    stats = load_stats(root)
+    if stats is None:
+        raise DataError(f"no {STATS} in {root}: compute the normalization statistics first "
+                        f"with: python -m input_pipelines.stats --data_dir {root}")
+    return stats
+
+
+def check_sample_shape(shape: Sequence[int], where: str, config: TrainConfig) -> None:
+    """Raises ``DataError`` unless samples of ``shape`` (H, W, C) fit the configuration."""
+    height, width, channels = shape
+    if channels != config.input_channels:
+        raise DataError(f"{where}: samples have {channels} channels but "
+                        f"--input_channels={config.input_channels}")
+    if min(height, width) < config.image_size:
+        raise DataError(f"{where}: samples are {height}x{width}, smaller than "
+                        f"--image_size={config.image_size}")
+
+
+def check_file_labels(stats: dict[str, Any], root: str, sources: Sequence[str],
+                      num_classes: int) -> None:
+    """Checks the label range stats.json records for each of ``sources``.
+
+    Raises:
+        DataError: naming the first file with a label outside ``[0, num_classes)``.
+    """
+    files = stats.get("files", {})
+    for source in sources:
+        entry = files.get(os.path.relpath(source, root))
+        if entry is not None and entry["samples"]:
+            error = label_error(source, entry["label_min"], entry["label_max"], num_classes)
+            if error is not None:
+                raise error
+
+
+def _crop(data: tf.Tensor, labels: tf.Tensor, top: tf.Tensor, left: tf.Tensor,
+          size: int) -> tuple[tf.Tensor, tf.Tensor]:
+    return (data[top:top + size, left:left + size, :], labels[top:top + size, left:left + size])
+
+
+def segmentation_transform(stats: dict[str, Any], config: TrainConfig, split: str
+                           ) -> Callable[[tuple[tf.Tensor, tf.Tensor], tf.Tensor],
+                                         tuple[tf.Tensor, tf.Tensor]]:
+    """(data, labels), seed -> (normalized cropped data, checked labels) for ``split``."""
+    height, width, channels = stats["sample_shape"]
+    size = config.image_size
+    mean = tf.constant(stats["mean"], tf.float32)
+    std = tf.constant(stats["std"], tf.float32)
+
+    def transform(sample: tuple[tf.Tensor, tf.Tensor],
+                  seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        data, labels = sample
+        if split == "train":
+            top_seed, left_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+            top = tf.random.stateless_uniform([], top_seed, 0, height - size + 1, tf.int32)
+            left = tf.random.stateless_uniform([], left_seed, 0, width - size + 1, tf.int32)
+        else:
+            top, left = tf.constant((height - size) // 2), tf.constant((width - size) // 2)
+        data, labels = _crop(data, labels, top, left, size)
+        data = tf.ensure_shape((data - mean) / std, [size, size, channels])
+        labels = tf.ensure_shape(checked_labels(labels, config.num_classes), [size, size])
+        return data, labels
+
+    return transform

@@ -1,0 +1,100 @@
+"""Segmentation from HDF5 files: one sample per file or many, climate-style.
+
+Files are ``.h5``/``.hdf5`` under ``DATA_DIR/train/``, ``DATA_DIR/validation/`` (or
+``DATA_DIR/SPLIT-*.h5``, or directly in ``DATA_DIR`` for training only), laid out as in
+:mod:`input_pipelines.sample_files`. ``DATA_DIR/stats.json`` (``python -m input_pipelines.stats``)
+supplies the normalization and the dataset names (``data``/``labels`` unless the tool was given
+others). Before training each worker opens its files' metadata: a file that cannot be opened is
+corrupt (``--skip_corrupt`` skips it), and a file whose samples differ in shape from the split's
+first file fails the run naming both.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from input_pipelines import checks, mechanics
+from input_pipelines.errors import DataError
+from input_pipelines.files import data_root
+from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.sample_files import (
+    DATA_KEY,
+    H5_SUFFIXES,
+    LABEL_KEY,
+    Layout,
+    check_same_shapes,
+    inspect,
+    read_sample,
+)
+from input_pipelines.segmentation_common import (
+    check_file_labels,
+    check_sample_shape,
+    required_stats,
+    segmentation_transform,
+)
+from input_pipelines.sources import WorkerFiles, worker_files
+from tfscale.config import TrainConfig
+
+
+def read_sample_refs(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
+    """A :data:`~input_pipelines.mechanics.Reader` yielding (path, index) references; the
+    samples themselves are read by the parallel map."""
+    return tf.data.Dataset.range(count).map(lambda i: (first + i, (path, i)))
+
+
+def _check_unlisted_labels(files: WorkerFiles, layouts: dict[str, Layout], keys: tuple[str, str],
+                           listed: set[str], num_classes: int) -> None:
+    """Reads the labels of small files that stats.json does not list, naming any bad one."""
+    if files.bytes > checks.FULL_CHECK_BYTES:
+        return
+    for path, source in zip(files.paths, files.sources, strict=True):
+        if source in listed:
+            continue
+        for index in range(layouts[path].samples):
+            _, labels = read_sample(path, index, layouts[path], *keys)
+            error = checks.label_error(f"{source}: sample {index}", int(labels.min()),
+                                       int(labels.max()), num_classes)
+            if error is not None:
+                raise error
+
+
+@register("segmentation_h5", "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
+          "normalized with stats.json", task="segmentation")
+def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    stats = required_stats(config)
+    root = data_root(config.data_dir)
+    keys = (str(stats.get("data_key", DATA_KEY)), str(stats.get("label_key", LABEL_KEY)))
+    check_sample_shape(stats["sample_shape"], os.path.join(root, "stats.json"), config)
+    layouts: dict[str, Layout] = {}
+
+    def count(path: str) -> int:
+        layouts[path] = inspect(path, *keys)
+        return layouts[path].samples
+
+    files = worker_files(config, shard, split, count, H5_SUFFIXES)
+    reference = inspect(files.first_source, *keys)
+    for path, source in zip(files.paths, files.sources, strict=True):
+        check_same_shapes(files.first_source, reference, source, layouts[path])
+    if tuple(reference.sample_shape) != tuple(stats["sample_shape"]):
+        raise DataError(f"{files.first_source}: samples have shape {reference.sample_shape} but "
+                        f"{root}/stats.json was computed for {tuple(stats['sample_shape'])}; "
+                        "recompute it with python -m input_pipelines.stats")
+    check_file_labels(stats, root, files.sources, config.num_classes)
+    listed = {os.path.join(root, f) for f in stats.get("files", {})}
+    _check_unlisted_labels(files, layouts, keys, listed, config.num_classes)
+    sample_shape, label_shape = reference.sample_shape, reference.label_shape
+
+    def load(path: bytes, index: np.int64) -> tuple[np.ndarray, np.ndarray]:
+        name = path.decode()
+        return read_sample(name, int(index), layouts[name], *keys)
+
+    def parse(ref: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+        data, labels = tf.numpy_function(load, list(ref), (tf.float32, tf.int32), stateful=False)
+        return tf.ensure_shape(data, sample_shape), tf.ensure_shape(labels, label_shape)
+
+    return mechanics.batches(files.paths, files.counts, read_sample_refs, parse,
+                             segmentation_transform(stats, config, split), config, shard, split,
+                             batch_size)

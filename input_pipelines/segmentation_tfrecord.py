@@ -1,0 +1,53 @@
+"""Segmentation from TFRecord shards (as ``python -m input_pipelines.segmentation_to_tfrecord``
+writes them, schema in :mod:`input_pipelines.segmentation_records`).
+
+Shards are ``DATA_DIR/train-*`` and ``DATA_DIR/validation-*`` with ``manifest.json`` and
+``stats.json`` beside them. The checks before training are those of every TFRecord pipeline
+(framing scan, manifest counts and label ranges, a full read of small data).
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from input_pipelines import checks, mechanics, segmentation_records
+from input_pipelines.files import data_root
+from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.segmentation_common import (
+    check_file_labels,
+    check_sample_shape,
+    required_stats,
+    segmentation_transform,
+)
+from input_pipelines.sources import check_manifest_labels, worker_files
+from input_pipelines.tfrecord_scan import scan_tfrecord
+from tfscale.config import TrainConfig
+
+
+@register("segmentation_tfrecord", "segmentation from TFRecord shards (raw float data, int "
+          "labels), normalized with stats.json", task="segmentation")
+def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    stats = required_stats(config)
+    root = data_root(config.data_dir)
+    sample_shape = tuple(int(d) for d in stats["sample_shape"])
+    check_sample_shape(sample_shape, os.path.join(root, "stats.json"), config)
+    files = worker_files(config, shard, split, scan_tfrecord)
+    check_manifest_labels(files, config.num_classes)
+    check_file_labels(stats, root, files.sources, config.num_classes)
+
+    def parse(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return segmentation_records.parse(record, sample_shape)
+
+    def label_range(record: tf.Tensor) -> tf.Tensor:
+        labels = tf.cast(parse(record)[1], tf.int64)
+        return tf.stack([tf.reduce_min(labels), tf.reduce_max(labels)])
+
+    if files.bytes <= checks.FULL_CHECK_BYTES:
+        corrupt = checks.check_tfrecords(files.paths, files.sources, label_range,
+                                         config.num_classes, "sample")
+        files = files.without(corrupt, config, shard, split)
+    return mechanics.batches(files.paths, files.counts, mechanics.read_tfrecords, parse,
+                             segmentation_transform(stats, config, split), config, shard, split,
+                             batch_size)

@@ -1,0 +1,143 @@
+"""A worker's files of one split, ready to read: found, sharded, staged, checked, counted.
+
+The order matters for strictness: paths and globs are resolved first (naming what is missing),
+then the worker's share is taken (failing when there are fewer files than workers), staged if
+``--stage_dir`` is set, and finally every file is opened and counted by a format-specific
+function that raises :class:`~input_pipelines.errors.CorruptFileError` for a damaged file. With
+``--skip_corrupt`` such files are left out and reported instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from input_pipelines import report
+from input_pipelines.checks import label_error
+from input_pipelines.errors import CorruptFileError
+from input_pipelines.files import data_root, shard_files, split_files
+from input_pipelines.manifest import entries_for
+from input_pipelines.registry import Shard
+from input_pipelines.staging import stage
+from tfscale.config import TrainConfig
+
+Counter = Callable[[str], int]  # path -> records in the file; raises CorruptFileError
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFiles:
+    """The files one worker reads, and where they came from."""
+
+    paths: list[str]  # what to read (the staged copies when staging)
+    sources: list[str]  # the original files, parallel to ``paths``
+    counts: list[int]  # records per file
+    entries: dict[str, dict[str, Any]]  # manifest entries by original path
+    first_source: str  # the split's first file, a reference every worker shares
+
+    @property
+    def bytes(self) -> int:
+        """Total size of the files."""
+        return sum(os.path.getsize(p) for p in self.paths)
+
+    def without(self, corrupt: Sequence[CorruptFileError], config: TrainConfig, shard: Shard,
+                split: str) -> WorkerFiles:
+        """These files less the ``corrupt`` ones (named by source), reported.
+
+        Raises:
+            CorruptFileError: the first of ``corrupt``, unless ``config.skip_corrupt``.
+        """
+        if not corrupt:
+            return self
+        if not config.skip_corrupt:
+            raise corrupt[0]
+        report_skipped(shard, split, corrupt, len(self.paths))
+        bad = {e.path for e in corrupt}
+        keep = [i for i, s in enumerate(self.sources) if s not in bad]
+        return dataclasses.replace(
+            self, paths=[self.paths[i] for i in keep], sources=[self.sources[i] for i in keep],
+            counts=[self.counts[i] for i in keep])
+
+
+def report_skipped(shard: Shard, split: str, corrupt: Sequence[CorruptFileError],
+                   total: int) -> None:
+    """Warns that ``corrupt`` files were skipped (``--skip_corrupt``), naming a few."""
+    names = "; ".join(str(e) for e in corrupt[:3])
+    more = f" and {len(corrupt) - 3} more" if len(corrupt) > 3 else ""
+    report.warn(shard, f"--skip_corrupt: skipped {len(corrupt)} corrupt file(s) of {total} in "
+                       f"the {split} split: {names}{more}")
+
+
+def worker_files(config: TrainConfig, shard: Shard, split: str, count: Counter,
+                 suffixes: Sequence[str] = ()) -> WorkerFiles:
+    """Finds, shards, stages, checks and counts the files of ``split`` for worker ``shard``.
+
+    Args:
+        config: supplies data_dir, record_sharding, stage_dir and skip_corrupt.
+        shard: this worker.
+        split: ``"train"`` or ``"validation"``.
+        count: opens a file and returns its number of records (see :data:`Counter`).
+        suffixes: file name endings of data files (empty: any file but sidecars).
+
+    Raises:
+        DataError: missing paths, too few files, a damaged file (unless skipped), a file whose
+            record count differs from the manifest's.
+    """
+    every = split_files(config.data_dir, split, suffixes)
+    mine = shard_files(every, shard, config.record_sharding)
+    entries = entries_for(every)
+    corrupt: list[CorruptFileError] = []
+    paths = mine
+    if config.stage_dir:
+        staged = stage(mine, data_root(config.data_dir), config.stage_dir, shard, entries,
+                       config.skip_corrupt)
+        corrupt += staged.corrupt
+        paths = staged.paths
+    lost = {e.path for e in corrupt}
+    sources = [s for s in mine if s not in lost]
+    kept_paths: list[str] = []
+    kept_sources: list[str] = []
+    counts: list[int] = []
+    for path, source in zip(paths, sources, strict=True):
+        try:
+            records = _count(path, source, count, entries.get(source))
+        except CorruptFileError as err:
+            if not config.skip_corrupt:
+                raise
+            corrupt.append(err)
+            continue
+        kept_paths.append(path)
+        kept_sources.append(source)
+        counts.append(records)
+    if corrupt:
+        report_skipped(shard, split, corrupt, len(mine))
+    return WorkerFiles(kept_paths, kept_sources, counts, entries, every[0])
+
+
+def _count(path: str, source: str, count: Counter, entry: dict[str, Any] | None) -> int:
+    try:
+        records = count(path)
+    except CorruptFileError as err:
+        if path == source:
+            raise
+        raise CorruptFileError(source, f"{err.reason} (in its staged copy {path})") from None
+    if entry is not None and int(entry["examples"]) != records:
+        raise CorruptFileError(source, f"holds {records} records but the manifest lists "
+                                       f"{entry['examples']}")
+    return records
+
+
+def check_manifest_labels(files: WorkerFiles, num_classes: int) -> None:
+    """Checks each file's label range recorded in the manifest against ``num_classes``.
+
+    Raises:
+        DataError: naming the first file whose labels do not fit.
+    """
+    for source in files.sources:
+        entry = files.entries.get(source)
+        if entry is not None and "label_min" in entry:
+            error = label_error(source, int(entry["label_min"]), int(entry["label_max"]),
+                                num_classes)
+            if error is not None:
+                raise error

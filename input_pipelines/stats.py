@@ -1,0 +1,181 @@
+"""Per-channel normalization statistics of segmentation data, stored beside it as stats.json.
+
+    python -m input_pipelines.stats --data_dir /data/climate [--data_key data --label_key labels]
+
+reads every training sample (HDF5/NumPy files, or the TFRecord shards of
+``segmentation_to_tfrecord``) and writes ``DATA_DIR/stats.json``: the per-channel mean and
+standard deviation of the training data, the class frequencies, the sample shapes, the names of
+the data and label datasets, and each file's sample count and label range (validation files
+included), which the pipelines use to check labels against ``--num_classes`` before training.
+The TFRecord converter writes the same file as it converts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from input_pipelines.errors import DataError
+from input_pipelines.files import split_files
+from input_pipelines.manifest import read_json, write_json_atomic
+from input_pipelines.report import Progress
+
+STATS = "stats.json"
+SPLITS = ("train", "validation")
+
+
+class ChannelStats:
+    """Running per-channel count, mean and sum of squared deviations (Chan et al.)."""
+
+    def __init__(self, channels: int) -> None:
+        self.count = 0
+        self.mean = np.zeros(channels)
+        self.m2 = np.zeros(channels)
+
+    def add(self, data: np.ndarray) -> None:
+        """Adds the pixels of ``data`` (``... x C``)."""
+        pixels = data.reshape(-1, data.shape[-1]).astype(np.float64)
+        mean = pixels.mean(axis=0)
+        self.merge(len(pixels), mean, ((pixels - mean) ** 2).sum(axis=0))
+
+    def merge(self, count: int, mean: np.ndarray, m2: np.ndarray) -> None:
+        """Adds the statistics of another group of ``count`` pixels."""
+        if count == 0:
+            return
+        total = self.count + count
+        delta = np.asarray(mean) - self.mean
+        self.mean = self.mean + delta * count / total
+        self.m2 = self.m2 + np.asarray(m2) + delta**2 * self.count * count / total
+        self.count = total
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviation; 1 for a constant channel (so it is only centred)."""
+        std = np.sqrt(self.m2 / max(self.count, 1))
+        return np.where(std > 0, std, 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pixels": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist()}
+
+
+def label_range(labels: np.ndarray) -> tuple[int, int]:
+    """Smallest and largest label."""
+    return int(labels.min()), int(labels.max())
+
+
+def add_counts(counts: Sequence[int], more: Sequence[int]) -> list[int]:
+    """Element-wise sum of two per-class counts of possibly different lengths."""
+    merged = np.zeros(max(len(counts), len(more)), np.int64)
+    merged[:len(counts)] += np.asarray(counts, np.int64)
+    merged[:len(more)] += np.asarray(more, np.int64)
+    return [int(v) for v in merged]
+
+
+def class_pixels(labels: np.ndarray, counts: Sequence[int]) -> list[int]:
+    """``counts`` plus the pixels of each class in ``labels`` (non-negative labels)."""
+    return add_counts(counts, np.bincount(labels[labels >= 0].ravel()).tolist())
+
+
+def stats_document(channels: ChannelStats, classes: list[int], sample_shape: Sequence[int],
+                   files: dict[str, dict[str, Any]], data_key: str,
+                   label_key: str) -> dict[str, Any]:
+    """The contents of stats.json."""
+    return {
+        "version": 1, "data_key": data_key, "label_key": label_key,
+        "sample_shape": list(sample_shape), "label_shape": list(sample_shape[:2]),
+        "mean": channels.mean.tolist(), "std": channels.std.tolist(),
+        "pixels": channels.count, "class_pixels": classes,
+        "samples": sum(f["samples"] for f in files.values() if f["split"] == "train"),
+        "files": files,
+    }
+
+
+def load_stats(directory: str) -> dict[str, Any] | None:
+    """``directory/stats.json``, or ``None`` when absent."""
+    path = os.path.join(directory, STATS)
+    return read_json(path) if os.path.isfile(path) else None
+
+
+def _samples(path: str, data_key: str, label_key: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    from input_pipelines import sample_files
+
+    if path.lower().endswith(sample_files.H5_SUFFIXES + sample_files.NUMPY_SUFFIXES):
+        layout = sample_files.inspect(path, data_key, label_key)
+        for index in range(layout.samples):
+            yield sample_files.read_sample(path, index, layout, data_key, label_key)
+        return
+    import tensorflow as tf
+
+    from input_pipelines import segmentation_records
+
+    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        yield segmentation_records.decode(record)
+
+
+def compute(data_dir: str, data_key: str, label_key: str) -> dict[str, Any]:
+    """Reads the data under ``data_dir`` and returns the stats.json document.
+
+    Raises:
+        DataError: no training files, or a sample whose shape differs from the first one's.
+    """
+    splits = {"train": split_files(data_dir, "train")}
+    try:
+        splits["validation"] = split_files(data_dir, "validation")
+    except DataError:
+        pass
+    all_files = [(s, f) for s, paths in splits.items() for f in paths]
+    progress = Progress("stats", len(all_files), sum(os.path.getsize(f) for _, f in all_files))
+    channels: ChannelStats | None = None
+    classes: list[int] = []
+    first: tuple[str, tuple[int, ...]] | None = None
+    files: dict[str, dict[str, Any]] = {}
+    for split, path in all_files:
+        low, high, samples = np.iinfo(np.int64).max, np.iinfo(np.int64).min, 0
+        for data, labels in _samples(path, data_key, label_key):
+            if first is None:
+                first = (path, data.shape)
+                channels = ChannelStats(data.shape[-1])
+            if data.shape != first[1] or labels.shape != first[1][:2]:
+                raise DataError(f"{path}: sample {samples} has data shape {data.shape} and label "
+                                f"shape {labels.shape}, but the first sample ({first[0]}) has "
+                                f"{first[1]} and {first[1][:2]}")
+            if split == "train" and channels is not None:
+                channels.add(data)
+                classes = class_pixels(labels, classes)
+            lo, hi = label_range(labels)
+            low, high, samples = min(low, lo), max(high, hi), samples + 1
+        files[os.path.relpath(path, data_dir)] = {
+            "split": split, "samples": samples, "label_min": int(low), "label_max": int(high)}
+        progress.advance(os.path.getsize(path), items=1)
+    progress.done()
+    if channels is None or first is None:
+        raise DataError(f"--data_dir={data_dir} has no training samples")
+    return stats_document(channels, classes, first[1], files, data_key, label_key)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m input_pipelines.stats",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--data_dir", required=True, help="Folder of the segmentation data.")
+    parser.add_argument("--data_key", default="data", help="Dataset name of the data.")
+    parser.add_argument("--label_key", default="labels", help="Dataset name of the labels.")
+    args = parser.parse_args(argv)
+    try:
+        document = compute(args.data_dir, args.data_key, args.label_key)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    write_json_atomic(os.path.join(args.data_dir, STATS), document)
+    print(f"wrote {os.path.join(args.data_dir, STATS)}: {document['samples']} training samples, "
+          f"mean {np.round(document['mean'], 4).tolist()}, std "
+          f"{np.round(document['std'], 4).tolist()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
