@@ -10,6 +10,7 @@ and assertions inside the pipeline as the last line of defence.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -20,7 +21,9 @@ from input_pipelines.errors import CorruptFileError, DataError
 FULL_CHECK_BYTES = 64 * 2**20
 BATCH = 256
 
-# element -> int64 [2]: the smallest and largest label of the element, after decoding it
+# element -> int64 [3]: the smallest and largest label of the element and its number of
+# non-finite data values, computed from the decoded data (an op whose output is unused may be
+# pruned from a tf.data function, and its error with it).
 Check = Callable[..., tf.Tensor]
 
 
@@ -40,8 +43,8 @@ def first_failure(dataset: tf.data.Dataset, check: Check, num_classes: int,
     fails to decode, or ``None``.
 
     Raises:
-        DataError: an element's labels are outside ``[0, num_classes)``; ``where(index)``
-            names it.
+        DataError: an element's labels are outside ``[0, num_classes)``, or its data holds NaN
+            or Inf; ``where(index)`` names it.
     """
     checked = dataset.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     done = 0
@@ -65,12 +68,14 @@ def first_failure(dataset: tf.data.Dataset, check: Check, num_classes: int,
 
 def _raise_labels(ranges: np.ndarray, offset: int, num_classes: int,
                   where: Callable[[int], str]) -> None:
-    bad = np.nonzero((ranges[:, 0] < 0) | (ranges[:, 1] >= num_classes))[0]
+    bad = np.nonzero((ranges[:, 0] < 0) | (ranges[:, 1] >= num_classes) | (ranges[:, 2] > 0))[0]
     if len(bad):
-        low, high = (int(v) for v in ranges[bad[0]])
-        error = label_error(where(offset + int(bad[0])), low, high, num_classes)
+        low, high, non_finite = (int(v) for v in ranges[bad[0]])
+        name = where(offset + int(bad[0]))
+        error = label_error(name, low, high, num_classes)
         if error is not None:
             raise error
+        raise DataError(f"{name}: {non_finite} data values are NaN or Inf")
 
 
 def first_line(err: tf.errors.OpError) -> str:
@@ -86,7 +91,7 @@ def check_tfrecords(paths: Sequence[str], sources: Sequence[str], check: Check,
     Args:
         paths: the files to read.
         sources: their names for messages (the originals of staged copies).
-        check: record -> label range, decoding the record's payload on the way.
+        check: record -> label range and non-finite count (see :data:`Check`).
         num_classes: labels must lie in ``[0, num_classes)``.
         what: what a record holds, for messages (e.g. ``"image"``).
 
@@ -96,7 +101,7 @@ def check_tfrecords(paths: Sequence[str], sources: Sequence[str], check: Check,
     corrupt = []
     for path, source in zip(paths, sources, strict=True):
         failure = first_failure(tf.data.TFRecordDataset(path), check, num_classes,
-                                lambda k, s=source: f"{s}: record {k}")
+                                functools.partial("{}: record {}".format, source))
         if failure is None:
             continue
         index, err = failure
@@ -107,6 +112,10 @@ def check_tfrecords(paths: Sequence[str], sources: Sequence[str], check: Check,
             raise DataError(f"{source}: record {index}: cannot decode the {what}: "
                             f"{first_line(err)}")
     return corrupt
+
+
+def _offset_name(paths: Sequence[str], start: int, index: int) -> str:
+    return paths[start + index]
 
 
 def check_files(paths: Sequence[str], labels: Sequence[int], check: Check,
@@ -122,7 +131,7 @@ def check_files(paths: Sequence[str], labels: Sequence[int], check: Check,
         dataset = tf.data.Dataset.from_tensor_slices(
             (list(paths[start:]), tf.constant(list(labels[start:]), tf.int64)))
         failure = first_failure(dataset, check, num_classes,
-                                lambda k, s=start: paths[s + k])
+                                functools.partial(_offset_name, paths, start))
         if failure is None:
             break
         index, err = failure
@@ -142,3 +151,9 @@ def checked_labels(labels: tf.Tensor, num_classes: int) -> tf.Tensor:
     message = f"label outside [0, {num_classes}) (--num_classes={num_classes}); labels:"
     with tf.control_dependencies([tf.debugging.Assert(ok, [message, labels], summarize=8)]):
         return tf.cast(labels, tf.int32)
+
+
+def non_finite(data: tf.Tensor) -> tf.Tensor:
+    """int64 count of NaN/Inf values in ``data``."""
+    finite = tf.math.is_finite(tf.cast(data, tf.float32))
+    return tf.reduce_sum(tf.cast(tf.logical_not(finite), tf.int64))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from input_pipelines.checks import checked_labels
+from input_pipelines.checks import checked_labels, non_finite
 
 # Per-channel mean and standard deviation of ImageNet pixels scaled to [0, 1].
 MEAN_RGB = (0.485, 0.456, 0.406)
@@ -125,9 +125,8 @@ def classification_transform(image_size: int, channels: int, num_classes: int,
 
 
 def decodes(encoded: tf.Tensor, label: tf.Tensor, channels: int) -> tf.Tensor:
-    """Decodes the whole image (failing if it cannot) and returns ``[label, label]``, the
-    label range the up-front check (:mod:`input_pipelines.checks`) expects."""
+    """Decodes the whole image (failing if it cannot) and returns ``[label, label, 0]``, what
+    the up-front check (:data:`input_pipelines.checks.Check`) expects."""
     image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-    with tf.control_dependencies([image]):
-        label = tf.cast(label, tf.int64)
-        return tf.stack([label, label])
+    label = tf.cast(label, tf.int64)
+    return tf.stack([label, label, non_finite(image)])

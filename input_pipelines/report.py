@@ -23,6 +23,11 @@ def warn(shard: Shard | None, message: str) -> None:
     print(f"{prefix(shard)}warning: {message}", file=sys.stderr, flush=True)
 
 
+def note(shard: Shard | None, message: str) -> None:
+    """Prints an informational line on stderr."""
+    print(f"{prefix(shard)}{message}", file=sys.stderr, flush=True)
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f}"
 

@@ -45,18 +45,24 @@ class _OpenFiles:
         self._files: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, fresh: bool = False) -> Any:
+        """The open file ``path``; ``fresh`` reopens it (it may have changed on disk)."""
         with self._lock:
+            if fresh and path in self._files:
+                self._close(self._files.pop(path))
             if path in self._files:
                 self._files.move_to_end(path)
                 return self._files[path]
             handle = _open(path)
             self._files[path] = handle
             if len(self._files) > OPEN_FILES:
-                _, old = self._files.popitem(last=False)
-                if isinstance(old, h5py.File):
-                    old.close()
+                self._close(self._files.popitem(last=False)[1])
             return handle
+
+    @staticmethod
+    def _close(handle: Any) -> None:
+        if isinstance(handle, h5py.File):
+            handle.close()
 
 
 _OPEN = _OpenFiles()
@@ -79,7 +85,7 @@ def inspect(path: str, data_key: str = DATA_KEY, label_key: str = LABEL_KEY) -> 
         CorruptFileError: the file cannot be opened.
         DataError: a name is missing, shapes are inconsistent, or labels are not integers.
     """
-    handle = _OPEN.get(path)
+    handle = _OPEN.get(path, fresh=True)
     for key in (data_key, label_key):
         if key not in handle:
             raise DataError(f"{path} has no dataset {key!r}; it has: "

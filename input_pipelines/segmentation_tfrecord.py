@@ -41,8 +41,9 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
         return segmentation_records.parse(record, sample_shape)
 
     def label_range(record: tf.Tensor) -> tf.Tensor:
-        labels = tf.cast(parse(record)[1], tf.int64)
-        return tf.stack([tf.reduce_min(labels), tf.reduce_max(labels)])
+        data, labels = parse(record)
+        labels = tf.cast(labels, tf.int64)
+        return tf.stack([tf.reduce_min(labels), tf.reduce_max(labels), checks.non_finite(data)])
 
     if files.bytes <= checks.FULL_CHECK_BYTES:
         corrupt = checks.check_tfrecords(files.paths, files.sources, label_range,

@@ -143,6 +143,8 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
         def encode(sample: Sample, stats: ShardStats,
                    layouts: dict[str, Layout] = layouts) -> tuple[bytes, int, int]:
             data, labels = read_sample(sample[0], sample[1], layouts[sample[0]], *keys)
+            if not np.isfinite(data).all():
+                raise DataError(f"{sample[0]}: sample {sample[1]}: data values are NaN or Inf")
             stats.add(data, labels)
             return (segmentation_records.encode(data, labels), int(labels.min()),
                     int(labels.max()))

@@ -145,9 +145,13 @@ def stage(files: Sequence[str], root: str, stage_dir: str, shard: Shard,
         progress.advance(items=1)
         if source not in result.recopied:
             result.copied.append(source)
-    progress.done()
-    for bad in result.recopied:
-        report.warn(shard, f"staged copy {dests[bad]} was damaged; copied it again")
+    if order:
+        progress.done()
+    report.note(shard, f"staged {len(files)} file(s) in {stage_dir}: copied "
+                       f"{len(result.copied) + len(result.recopied)}, already there and intact "
+                       f"{len(result.skipped)}")
+    for damaged in result.recopied:
+        report.warn(shard, f"staged copy {dests[damaged]} was damaged; copied it again")
     dropped = {e.path for e in result.corrupt}
     result.paths = [dests[f] for f in files if f not in dropped]
     return result

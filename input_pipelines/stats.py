@@ -144,6 +144,9 @@ def compute(data_dir: str, data_key: str, label_key: str) -> dict[str, Any]:
                 raise DataError(f"{path}: sample {samples} has data shape {data.shape} and label "
                                 f"shape {labels.shape}, but the first sample ({first[0]}) has "
                                 f"{first[1]} and {first[1][:2]}")
+            bad = np.size(data) - int(np.isfinite(data).sum())
+            if bad:
+                raise DataError(f"{path}: sample {samples}: {bad} data values are NaN or Inf")
             if split == "train" and channels is not None:
                 channels.add(data)
                 classes = class_pixels(labels, classes)

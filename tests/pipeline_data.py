@@ -96,4 +96,5 @@ def every_element(dataset: tf.data.Dataset, batches: int) -> list[tuple[np.ndarr
     return [(x, y) for x, y in dataset.take(batches).as_numpy_iterator()]
 
 
+ONE = Shard()
 SHARDS_2 = (Shard(0, 2, 0, 2), Shard(1, 2, 1, 2))
