@@ -99,5 +99,6 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
 
     transform = classification_transform(config.image_size, config.input_channels,
                                          config.num_classes, split)
+    # Images are already sharded one by one: no further record-level sharding.
     return mechanics.batches(paths, [1] * len(paths), read_image_file, parse, transform,
-                             config, shard, split, batch_size)
+                             config.replace(record_sharding=False), shard, split, batch_size)

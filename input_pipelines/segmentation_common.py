@@ -17,25 +17,27 @@ import tensorflow as tf
 
 from input_pipelines.checks import checked_labels, label_error
 from input_pipelines.errors import DataError
-from input_pipelines.files import data_root
+from input_pipelines.files import data_root, is_glob
 from input_pipelines.stats import STATS, load_stats
 from tfscale.config import TrainConfig
 
 
-def required_stats(config: TrainConfig) -> dict[str, Any]:
-    """The stats.json of ``--data_dir``.
+def required_stats(config: TrainConfig) -> tuple[str, dict[str, Any]]:
+    """The folder and contents of the stats.json of ``--data_dir`` (in its folder, or the one
+    above for a ``SPLIT/`` folder or a glob inside one).
 
     Raises:
         DataError: it is missing (saying how to compute it).
     """
     root = data_root(config.data_dir)
-    if not os.path.exists(config.data_dir):
+    if not os.path.exists(root if is_glob(config.data_dir) else config.data_dir):
         raise DataError(f"--data_dir={config.data_dir} does not exist")
-    stats = load_stats(root)
-    if stats is None:
-        raise DataError(f"no {STATS} in {root}: compute the normalization statistics first "
-                        f"with: python -m input_pipelines.stats --data_dir {root}")
-    return stats
+    for folder in (root, os.path.dirname(os.path.abspath(root))):
+        stats = load_stats(folder)
+        if stats is not None:
+            return folder, stats
+    raise DataError(f"no {STATS} in {root}: compute the normalization statistics first "
+                    f"with: python -m input_pipelines.stats --data_dir {root}")
 
 
 def check_sample_shape(shape: Sequence[int], where: str, config: TrainConfig) -> None:
@@ -51,7 +53,7 @@ def check_sample_shape(shape: Sequence[int], where: str, config: TrainConfig) ->
 
 def check_file_labels(stats: dict[str, Any], root: str, sources: Sequence[str],
                       num_classes: int) -> None:
-    """Checks the label range stats.json records for each of ``sources``.
+    """Checks the label range stats.json (in folder ``root``) records for each of ``sources``.
 
     Raises:
         DataError: naming the first file with a label outside ``[0, num_classes)``.

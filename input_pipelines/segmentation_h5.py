@@ -18,7 +18,6 @@ import tensorflow as tf
 
 from input_pipelines import checks, mechanics
 from input_pipelines.errors import DataError
-from input_pipelines.files import data_root
 from input_pipelines.registry import Batches, Shard, register
 from input_pipelines.sample_files import (
     DATA_KEY,
@@ -64,8 +63,7 @@ def _check_unlisted_labels(files: WorkerFiles, layouts: dict[str, Layout], keys:
 @register("segmentation_h5", "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
           "normalized with stats.json", task="segmentation")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
-    stats = required_stats(config)
-    root = data_root(config.data_dir)
+    root, stats = required_stats(config)
     keys = (str(stats.get("data_key", DATA_KEY)), str(stats.get("label_key", LABEL_KEY)))
     check_sample_shape(stats["sample_shape"], os.path.join(root, "stats.json"), config)
     layouts: dict[str, Layout] = {}

@@ -13,7 +13,6 @@ import os
 import tensorflow as tf
 
 from input_pipelines import checks, mechanics, segmentation_records
-from input_pipelines.files import data_root
 from input_pipelines.registry import Batches, Shard, register
 from input_pipelines.segmentation_common import (
     check_file_labels,
@@ -29,8 +28,7 @@ from tfscale.config import TrainConfig
 @register("segmentation_tfrecord", "segmentation from TFRecord shards (raw float data, int "
           "labels), normalized with stats.json", task="segmentation")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
-    stats = required_stats(config)
-    root = data_root(config.data_dir)
+    root, stats = required_stats(config)
     sample_shape = tuple(int(d) for d in stats["sample_shape"])
     check_sample_shape(sample_shape, os.path.join(root, "stats.json"), config)
     files = worker_files(config, shard, split, scan_tfrecord)

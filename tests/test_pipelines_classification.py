@@ -140,14 +140,15 @@ def test_two_workers_read_each_record_once(tmp_path, record_sharding):
     assert sorted(seen) == list(range(5 * files))
 
 
-def test_image_folder_two_workers_split_the_images(tmp_path):
+@pytest.mark.parametrize("record_sharding", [False, True])
+def test_image_folder_two_workers_split_the_images(tmp_path, record_sharding):
     written = write_image_folder(tmp_path, classes=2, per_class=3)
     expected = {p: image_preprocessing.eval_image(tf.io.read_file(p), 16, 3).numpy()
                 for p in written if "/validation/" in p}
     seen = []
     for shard in SHARDS_2:
         got, examples = first_batches("image_folder", tmp_path, "validation", 3, shard,
-                                      batch_size=1)
+                                      batch_size=1, record_sharding=record_sharding)
         assert examples == 3
         for images, labels in got:
             match = [p for p, e in expected.items() if np.allclose(images[0], e, atol=1e-6)]

@@ -126,6 +126,13 @@ def test_tfrecord_dataset_matches_the_h5_source(tmp_path):
     assert examples == 5 and train[0][0].shape == (2, 16, 16, 2)
 
 
+def test_a_glob_selects_training_files(tmp_path):
+    write_climate(tmp_path, {"train/a.h5": [0, 1], "train/b.h5": [2], "validation/c.h5": [3]})
+    make_stats(tmp_path)
+    _, examples = read("segmentation_h5", tmp_path / "train" / "a*.h5", "train", 1)
+    assert examples == 2
+
+
 def test_stats_are_required_and_must_fit_the_configuration(tmp_path):
     write_climate(tmp_path, {"train/a.h5": [0, 1]})
     with pytest.raises(ValueError, match="python -m input_pipelines.stats --data_dir"):
