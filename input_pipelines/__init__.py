@@ -6,6 +6,7 @@ from input_pipelines import (  # noqa: F401  (imported to register their builder
     segmentation_h5,
     segmentation_tfrecord,
     synthetic,
+    synthetic_segmentation,
 )
 from input_pipelines.registry import PIPELINES, Batches, Shard, register, task_of
 
