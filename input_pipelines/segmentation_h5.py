@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from input_pipelines import checks, mechanics
-from input_pipelines.errors import DataError
+from input_pipelines.errors import CorruptFileError, DataError
 from input_pipelines.registry import Batches, Shard, register
 from input_pipelines.sample_files import (
     DATA_KEY,
@@ -60,6 +60,18 @@ def _check_unlisted_labels(files: WorkerFiles, layouts: dict[str, Layout], keys:
                 raise error
 
 
+def _reference(files: WorkerFiles, layouts: dict[str, Layout], keys: tuple[str, str],
+               skip_corrupt: bool) -> tuple[str, Layout]:
+    """The split's first file and its layout, which every worker compares its files with (the
+    worker's own first file when that one is corrupt and skipped)."""
+    try:
+        return files.first_source, inspect(files.first_source, *keys)
+    except CorruptFileError:
+        if not skip_corrupt or not files.paths:
+            raise
+        return files.sources[0], layouts[files.paths[0]]
+
+
 @register("segmentation_h5", "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
           "normalized with stats.json", task="segmentation")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
@@ -73,11 +85,11 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
         return layouts[path].samples
 
     files = worker_files(config, shard, split, count, H5_SUFFIXES)
-    reference = inspect(files.first_source, *keys)
+    first, reference = _reference(files, layouts, keys, config.skip_corrupt)
     for path, source in zip(files.paths, files.sources, strict=True):
-        check_same_shapes(files.first_source, reference, source, layouts[path])
+        check_same_shapes(first, reference, source, layouts[path])
     if tuple(reference.sample_shape) != tuple(stats["sample_shape"]):
-        raise DataError(f"{files.first_source}: samples have shape {reference.sample_shape} but "
+        raise DataError(f"{first}: samples have shape {reference.sample_shape} but "
                         f"{root}/stats.json was computed for {tuple(stats['sample_shape'])}; "
                         "recompute it with python -m input_pipelines.stats")
     check_file_labels(stats, root, files.sources, config.num_classes)

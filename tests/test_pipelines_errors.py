@@ -159,15 +159,18 @@ def test_h5_labels_outside_the_classes_are_named(tmp_path):
 def test_unreadable_h5_files_and_missing_names(tmp_path, capsys):
     climate(tmp_path, ["train/a.h5", "train/b.h5"])
     stats.main(["--data_dir", str(tmp_path)])
-    (tmp_path / "train" / "b.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 50)
-    with pytest.raises(ValueError, match="train/b.h5: cannot open it"):
+    (tmp_path / "train" / "a.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 50)  # the first
+    with pytest.raises(ValueError, match="train/a.h5: cannot open it"):
         build("segmentation_h5", tmp_path, input_channels=2)
     assert build("segmentation_h5", tmp_path, input_channels=2, skip_corrupt=True).examples == 1
     assert "skipped 1 corrupt file(s) of 2" in capsys.readouterr().err
+    other = tmp_path / "other"
+    climate(other, ["train/a.h5"])
+    stats.main(["--data_dir", str(other)])
     data, labels = seg_sample(0)
-    write_h5(tmp_path / "train" / "b.h5", data, labels, "data", "mask")
+    write_h5(other / "train" / "b.h5", data, labels, "data", "mask")
     with pytest.raises(ValueError, match="train/b.h5 has no dataset 'labels'; it has: data, mask"):
-        build("segmentation_h5", tmp_path, input_channels=2)
+        build("segmentation_h5", other, input_channels=2)
 
 
 CLI = ["--steps=2", "--batch_size=2", "--image_size=16", "--num_classes=4",
