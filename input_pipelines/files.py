@@ -38,7 +38,8 @@ def _is_data(path: str, suffixes: Sequence[str]) -> bool:
     return not name.lower().endswith(SIDECARS)
 
 
-def split_files(data_dir: str, split: str, suffixes: Sequence[str] = ()) -> list[str]:
+def split_files(data_dir: str, split: str, suffixes: Sequence[str] = (),
+                flag: str = "--data_dir") -> list[str]:
     """The sorted data files of ``split`` under ``data_dir`` (see the module docstring).
 
     Args:
@@ -46,26 +47,27 @@ def split_files(data_dir: str, split: str, suffixes: Sequence[str] = ()) -> list
         split: ``"train"`` or ``"validation"``.
         suffixes: lower-case file name endings that mark data files (e.g. ``(".h5",)``); empty
             means every file except sidecars such as ``manifest.json``.
+        flag: the option that gave ``data_dir``, for messages.
 
     Raises:
         DataError: ``data_dir`` is empty or does not exist, a glob matches nothing, or the split
             has no files.
     """
     if not data_dir:
-        raise DataError("--data_dir is empty; give the directory (or glob) of the dataset")
+        raise DataError(f"{flag} is empty; give the directory (or glob) of the dataset")
     if is_glob(data_dir):
         matches = sorted(p for p in glob.glob(data_dir) if _is_data(p, suffixes))
         if not matches:
-            raise DataError(f"--data_dir={data_dir}: the glob matched no data files")
+            raise DataError(f"{flag}={data_dir}: the glob matched no data files")
         if split != "train":
-            raise DataError(f"--data_dir={data_dir} is a glob, which selects training files "
+            raise DataError(f"{flag}={data_dir} is a glob, which selects training files "
                             f"only; for {split} data give a directory holding {split}-* files")
         return matches
     if not os.path.exists(data_dir):
-        raise DataError(f"--data_dir={data_dir} does not exist")
+        raise DataError(f"{flag}={data_dir} does not exist")
     if os.path.isfile(data_dir):
         if split != "train":
-            raise DataError(f"--data_dir={data_dir} is a single file, which is training data "
+            raise DataError(f"{flag}={data_dir} is a single file, which is training data "
                             f"only; for {split} data give a directory holding {split}-* files")
         return [data_dir]
     found = glob.glob(os.path.join(glob.escape(data_dir), f"{split}-*"))
@@ -76,7 +78,7 @@ def split_files(data_dir: str, split: str, suffixes: Sequence[str] = ()) -> list
                        if _is_data(p, suffixes))
     if not files:
         wanted = f" ending in {', '.join(suffixes)}" if suffixes else ""
-        raise DataError(f"--data_dir={data_dir} has no {split} files{wanted}: expected "
+        raise DataError(f"{flag}={data_dir} has no {split} files{wanted}: expected "
                         f"{os.path.join(data_dir, split)}-* or {os.path.join(data_dir, split)}/*")
     return files
 

@@ -82,10 +82,11 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
                         f"{', '.join(ENCODINGS)}")
     if min(shards, validation_shards) < 1:
         raise DataError("--shards and --validation_shards must be at least 1")
-    train = list_images(input_dir, "train")
+    train = list_images(input_dir, "train", "--input_dir")
     splits = {"train": (train, shards)}
     if os.path.isdir(os.path.join(input_dir, "validation")):
-        splits["validation"] = (list_images(input_dir, "validation"), validation_shards)
+        splits["validation"] = (list_images(input_dir, "validation", "--input_dir"),
+                                validation_shards)
     os.makedirs(output_dir, exist_ok=True)
     header = {"task": "classification", "classes": train.classes, "encoding": encoding}
     manifest = load_manifest(output_dir, header)

@@ -30,22 +30,22 @@ class ImageFolder:
     ignored: list[str]  # files in class folders that are not images
 
 
-def split_folder(data_dir: str, split: str) -> str:
+def split_folder(data_dir: str, split: str, flag: str = "--data_dir") -> str:
     """The folder holding ``split``'s class folders.
 
     Raises:
         DataError: ``data_dir`` does not exist, or the split has no folder.
     """
     if not data_dir:
-        raise DataError("--data_dir is empty; give the folder of class sub-folders")
+        raise DataError(f"{flag} is empty; give the folder of class sub-folders")
     if not os.path.isdir(data_dir):
-        raise DataError(f"--data_dir={data_dir} does not exist or is not a folder")
+        raise DataError(f"{flag}={data_dir} does not exist or is not a folder")
     named = os.path.join(data_dir, split)
     if os.path.isdir(named):
         return named
     if split == "train" and not os.path.isdir(os.path.join(data_dir, "validation")):
         return data_dir
-    raise DataError(f"--data_dir={data_dir} has no {split}/ folder of class sub-folders")
+    raise DataError(f"{flag}={data_dir} has no {split}/ folder of class sub-folders")
 
 
 def class_names(folder: str) -> list[str]:
@@ -60,14 +60,14 @@ def class_names(folder: str) -> list[str]:
     return names
 
 
-def list_images(data_dir: str, split: str) -> ImageFolder:
+def list_images(data_dir: str, split: str, flag: str = "--data_dir") -> ImageFolder:
     """The images of ``split`` under ``data_dir``, sorted by class then path.
 
     Raises:
         DataError: a missing folder, a validation class unknown to training, or no images.
     """
-    classes = class_names(split_folder(data_dir, "train"))
-    folder = split_folder(data_dir, split)
+    classes = class_names(split_folder(data_dir, "train", flag))
+    folder = split_folder(data_dir, split, flag)
     unknown = sorted(set(class_names(folder)) - set(classes))
     if unknown:
         raise DataError(f"{folder} has class folders that training lacks: {', '.join(unknown)}")

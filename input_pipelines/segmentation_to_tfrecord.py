@@ -113,9 +113,9 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
         raise DataError("--shards and --validation_shards must be at least 1")
     suffixes = H5_SUFFIXES + NUMPY_SUFFIXES
     keys = (data_key, label_key)
-    found = {"train": split_files(input_dir, "train", suffixes)}
+    found = {"train": split_files(input_dir, "train", suffixes, "--input_dir")}
     try:
-        found["validation"] = split_files(input_dir, "validation", suffixes)
+        found["validation"] = split_files(input_dir, "validation", suffixes, "--input_dir")
     except DataError:
         pass
     first: tuple[str, Layout] | None = None

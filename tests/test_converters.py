@@ -156,3 +156,11 @@ def test_segmentation_samples_of_another_shape_are_refused(tmp_path):
     write_h5(tmp_path / "in" / "b.h5", data[:8], labels[:8])
     with pytest.raises(ValueError, match=r"b\.h5: samples have data shape \(8, 16, 2\)"):
         segmentation_to_tfrecord.convert(str(tmp_path / "in"), str(tmp_path / "out"), 1, 1)
+
+
+def test_a_missing_input_dir_is_named_with_its_flag(tmp_path, capsys):
+    args = ["--input_dir", str(tmp_path / "none"), "--output_dir", str(tmp_path / "out")]
+    assert folder_to_tfrecord.main(args) == 2
+    assert f"error: --input_dir={tmp_path}/none does not exist" in capsys.readouterr().err
+    assert segmentation_to_tfrecord.main(args) == 2
+    assert f"error: --input_dir={tmp_path}/none does not exist" in capsys.readouterr().err
