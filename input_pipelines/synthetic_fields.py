@@ -7,7 +7,9 @@ cyclones, even classes long and thin at a random angle, like atmospheric rivers.
 covers about 2% of the pixels (1-3% over many samples). The fields are spatially smooth noise
 plus, for each rare class, a fixed per-class signature across the channels weighted by a soft
 bump that is 1 at an object's centre and ``exp(-1/2)`` on its boundary, plus white noise: the
-channels carry the labels, blurred at the edges, so the task is learnable but not trivial.
+channels carry the labels, blurred at the edges. The signatures are faint (:data:`SIGNAL`), so
+that, as with the climate data, a network trained briefly with the unweighted loss predicts
+little but background, while class weights make it find the objects (docs/SEGMENTATION.md).
 
 A sample is a pure function of ``(seed, worker, split, index)`` (stateless random ops), so data
 are reproducible, each worker (``shard.index``) and split gets its own samples, and the signature
@@ -32,7 +34,7 @@ import tensorflow as tf
 from input_pipelines.registry import SPLITS
 
 MAX_BLOBS = 3
-SIGNAL = 1.0  # RMS of a class signature over the channels, in units of the noise
+SIGNAL = 0.5  # RMS over the channels of a class signature; the noise RMS is about 1
 WHITE_NOISE = 0.5
 SMOOTH_CELL = 8  # pixels per cell of the smooth noise grid
 SIGNATURE_SEED = 20170  # fixed: the "physics" linking fields and labels is shared by all seeds
@@ -46,13 +48,13 @@ def split_seed(seed: int, worker: int, split: str) -> int:
     return int(state[0])
 
 
-def signatures(num_classes: int, channels: int) -> np.ndarray:
+def signatures(num_classes: int, channels: int, signal: float = SIGNAL) -> np.ndarray:
     """``[num_classes, channels]`` per-class field signatures (row 0, background, is zero)."""
     rng = np.random.default_rng(SIGNATURE_SEED)
     rows = rng.standard_normal((num_classes, channels))
     rows /= np.sqrt(np.mean(rows**2, axis=1, keepdims=True))
     rows[0] = 0.0
-    return (SIGNAL * rows).astype(np.float32)
+    return (signal * rows).astype(np.float32)
 
 
 def _fold(seed: tf.Tensor, part: int) -> tf.Tensor:
@@ -88,7 +90,12 @@ def _blobs(seed: tf.Tensor, height: int, width: int, round_: bool) -> tuple[tf.T
 
 
 def generate_sample(
-    seed: tf.Tensor, height: int, width: int, channels: int, num_classes: int
+    seed: tf.Tensor,
+    height: int,
+    width: int,
+    channels: int,
+    num_classes: int,
+    signal: float = SIGNAL,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """One sample: float32 fields ``[H, W, C]`` and int32 labels ``[H, W]``.
 
@@ -98,13 +105,14 @@ def generate_sample(
         width: columns.
         channels: fields per pixel (C).
         num_classes: classes including the background class 0.
+        signal: RMS over the channels of each class signature (the noise's is about 1).
     """
     grid = [math.ceil(height / SMOOTH_CELL) + 1, math.ceil(width / SMOOTH_CELL) + 1, channels]
     coarse = tf.random.stateless_normal(grid, _fold(seed, 0))
     fields = tf.image.resize(coarse, [height, width], method="bicubic")
     fields += WHITE_NOISE * tf.random.stateless_normal([height, width, channels], _fold(seed, 1))
     labels = tf.zeros([height, width], tf.int32)
-    rows = tf.constant(signatures(num_classes, channels))
+    rows = tf.constant(signatures(num_classes, channels, signal))
     for cls in range(1, num_classes):
         mask, soft = _blobs(_fold(seed, 1 + cls), height, width, round_=cls % 2 == 1)
         labels = tf.where(mask, cls, labels)
@@ -118,12 +126,20 @@ def sample_seed(base: int, index: tf.Tensor) -> tf.Tensor:
 
 
 def samples(
-    base: int, height: int, width: int, channels: int, num_classes: int, count: int | None = None
+    base: int,
+    height: int,
+    width: int,
+    channels: int,
+    num_classes: int,
+    count: int | None = None,
+    signal: float = SIGNAL,
 ) -> tf.data.Dataset:
     """The unbatched samples 0, 1, ... (``count`` of them, or endless) of stream ``base``."""
     indices = tf.data.Dataset.range(count) if count is not None else tf.data.Dataset.counter()
     return indices.map(
-        lambda i: generate_sample(sample_seed(base, i), height, width, channels, num_classes),
+        lambda i: generate_sample(
+            sample_seed(base, i), height, width, channels, num_classes, signal
+        ),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
