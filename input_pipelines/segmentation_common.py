@@ -18,6 +18,7 @@ import tensorflow as tf
 from input_pipelines.checks import checked_labels, label_error
 from input_pipelines.errors import DataError
 from input_pipelines.files import data_root, is_glob
+from input_pipelines.image_preprocessing import per_channel_affine
 from input_pipelines.stats import STATS, load_stats
 from tfscale.config import TrainConfig
 
@@ -78,8 +79,8 @@ def segmentation_transform(stats: dict[str, Any], config: TrainConfig, split: st
     """(data, labels), seed -> (normalized cropped data, checked labels) for ``split``."""
     height, width, channels = stats["sample_shape"]
     size = config.image_size
-    mean = tf.constant(stats["mean"], tf.float32)
-    std = tf.constant(stats["std"], tf.float32)
+    scale = [1 / s for s in stats["std"]]
+    offset = [-m / s for m, s in zip(stats["mean"], stats["std"], strict=True)]
 
     def transform(sample: tuple[tf.Tensor, tf.Tensor],
                   seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -91,7 +92,7 @@ def segmentation_transform(stats: dict[str, Any], config: TrainConfig, split: st
         else:
             top, left = tf.constant((height - size) // 2), tf.constant((width - size) // 2)
         data, labels = _crop(data, labels, top, left, size)
-        data = tf.ensure_shape((data - mean) / std, [size, size, channels])
+        data = per_channel_affine(tf.ensure_shape(data, [size, size, channels]), scale, offset)
         labels = tf.ensure_shape(checked_labels(labels, config.num_classes), [size, size])
         return data, labels
 
