@@ -1,0 +1,287 @@
+"""Topology-aware all-reduce (the scheme that made IBM DDL fast) on Horovod process sets.
+
+``p`` processes on ``C`` nodes of ``L`` processes each sum a buffer of ``n`` values in three
+phases:
+
+1. reduce-scatter inside each node: the process with local index ``j`` receives the node's sum of
+   chunk ``j`` (``n / L`` values);
+2. all-reduce across nodes among the processes with the same local index: chunk ``j`` summed
+   over the whole job;
+3. all-gather inside each node: every process gets all ``L`` summed chunks.
+
+Only phase 2 crosses the network, and each process sends ``n / L`` values over it instead of
+``n``; phases 1 and 3 use the fast links inside a node. Phases whose group has one process are
+skipped (one node: no phase 2; one process per node: phases 1 and 3).
+
+The tensors of one call are fused first, one flat buffer per dtype padded to a multiple of
+``L``, so each phase is one collective per dtype; the result is split back to the original
+shapes.
+
+Nodes come from Horovod's ``cross_rank``/``local_rank`` (the launcher's host list: horovodrun's
+``-H``, ``HOROVOD_HOSTNAME``, MPI's shared-memory split), or from an explicit ``local_size``
+that regroups ranks as ``rank // local_size`` (to simulate nodes, or when the host list does
+not match the network).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from tfscale.strategies.horovod import import_horovod
+
+DYNAMIC_SETS_HINT = (
+    "several nodes of several processes need Horovod process sets registered after start-up: "
+    "initialise Horovod with hvd.init(process_sets='dynamic') (or leave it to "
+    "HierarchicalAllReduce.create / --strategy=ddl)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Processes grouped into nodes of equal size.
+
+    Attributes:
+        nodes: each node's global ranks, in local-index order.
+        rank: this process's global rank.
+    """
+
+    nodes: tuple[tuple[int, ...], ...]
+    rank: int
+
+    def __post_init__(self) -> None:
+        sizes = {len(node) for node in self.nodes}
+        if len(sizes) != 1 or 0 in sizes:
+            raise ValueError(
+                f"ranks do not form nodes of equal size ({self._layout()}); hierarchical "
+                "all-reduce needs the same number of processes on every node: fix the host "
+                "list or regroup the ranks with --ddl_local_size")
+        ranks = sorted(r for node in self.nodes for r in node)
+        if ranks != list(range(len(ranks))) or self.rank not in ranks:
+            raise ValueError(f"nodes {self._layout()} do not hold each of ranks 0..{len(ranks) - 1}"
+                             f" exactly once (with this process's rank {self.rank})")
+
+    def _layout(self) -> str:
+        return ", ".join(f"node {i}: ranks {list(node)}" for i, node in enumerate(self.nodes))
+
+    @classmethod
+    def from_placement(cls, placement: Sequence[tuple[int, int]], rank: int) -> Topology:
+        """The topology where rank ``r`` is local index ``placement[r][1]`` of node
+        ``placement[r][0]`` (Horovod's cross rank and local rank under a uniform layout).
+
+        Raises:
+            ValueError: if the placement does not form equal nodes with local indices
+                ``0..L-1`` each used once per node.
+        """
+        by_node: dict[int, dict[int, int]] = {}
+        for r, (node, local) in enumerate(placement):
+            if local in by_node.setdefault(node, {}):
+                raise ValueError(f"ranks {by_node[node][local]} and {r} both claim local index "
+                                 f"{local} on node {node}; the launcher's layout is inconsistent")
+            by_node[node][local] = r
+        nodes = []
+        for node in sorted(by_node):
+            locals_ = by_node[node]
+            if sorted(locals_) != list(range(len(locals_))):
+                raise ValueError(f"node {node} has local indices {sorted(locals_)}; expected "
+                                 f"0..{len(locals_) - 1}")
+            nodes.append(tuple(locals_[j] for j in range(len(locals_))))
+        return cls(tuple(nodes), rank)
+
+    @classmethod
+    def regular(cls, size: int, local_size: int, rank: int) -> Topology:
+        """``size`` ranks in nodes of ``local_size``: rank ``r`` on node ``r // local_size``.
+
+        Raises:
+            ValueError: if ``local_size`` does not divide ``size``.
+        """
+        if local_size < 1 or size % local_size:
+            raise ValueError(f"--ddl_local_size={local_size} does not divide the job's {size} "
+                             f"processes into equal nodes; choose a divisor of {size}")
+        return cls(tuple(tuple(range(s, s + local_size)) for s in range(0, size, local_size)),
+                   rank)
+
+    @property
+    def size(self) -> int:
+        return sum(len(node) for node in self.nodes)
+
+    @property
+    def local_size(self) -> int:
+        """Processes per node."""
+        return len(self.nodes[0])
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def node_index(self) -> int:
+        return next(i for i, node in enumerate(self.nodes) if self.rank in node)
+
+    @property
+    def local_index(self) -> int:
+        return self.nodes[self.node_index].index(self.rank)
+
+    @property
+    def node_ranks(self) -> tuple[int, ...]:
+        """The ranks on this process's node (phases 1 and 3)."""
+        return self.nodes[self.node_index]
+
+    @property
+    def cross_ranks(self) -> tuple[int, ...]:
+        """The ranks with this process's local index, one per node (phase 2)."""
+        return tuple(node[self.local_index] for node in self.nodes)
+
+    def describe(self) -> str:
+        return f"{self.num_nodes} node(s) x {self.local_size} process(es)"
+
+
+def start_horovod() -> ModuleType:
+    """``horovod.tensorflow``, initialised with dynamic process sets unless already running."""
+    hvd = import_horovod()
+    if not hvd.is_initialized():
+        hvd.init(process_sets="dynamic")
+    return hvd
+
+
+def discover_topology(hvd: ModuleType, local_size: int = 0) -> Topology:
+    """The job's nodes: ``rank // local_size`` when ``local_size`` is given, else Horovod's
+    cross and local ranks gathered from every process (a collective: all must call it)."""
+    if local_size:
+        return Topology.regular(int(hvd.size()), local_size, int(hvd.rank()))
+    import tensorflow as tf
+
+    mine = tf.constant([[hvd.cross_rank(), hvd.local_rank()]], dtype=tf.int32)
+    table = hvd.allgather(mine, name="tfscale.ddl.topology").numpy()
+    return Topology.from_placement([(int(n), int(j)) for n, j in table], int(hvd.rank()))
+
+
+def register_process_sets(hvd: ModuleType, topology: Topology) -> tuple[Any, Any]:
+    """Horovod process sets for the node phases and the cross-node phase of this process, or
+    None for a phase that is skipped.
+
+    Every process registers every node's and every local index's set, in the same order
+    (Horovod requires identical registration everywhere). A group that spans the whole job is
+    Horovod's global set, which needs no registration.
+
+    Raises:
+        RuntimeError: if sets must be registered but Horovod was started without dynamic sets.
+    """
+    local, nodes = topology.local_size, topology.num_nodes
+    if local == 1 or nodes == 1:
+        whole = hvd.global_process_set
+        return (whole if local > 1 else None), (whole if nodes > 1 else None)
+    if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") != "1":
+        raise RuntimeError(f"{topology.describe()}: {DYNAMIC_SETS_HINT}")
+    node_sets = [hvd.add_process_set(list(node)) for node in topology.nodes]
+    cross_sets = [hvd.add_process_set([node[j] for node in topology.nodes])
+                  for j in range(local)]
+    return node_sets[topology.node_index], cross_sets[topology.local_index]
+
+
+def fuse(tensors: Sequence[Any], multiple: int) -> Any:
+    """One flat buffer of ``tensors`` (same dtype), zero-padded to a multiple of ``multiple``."""
+    import tensorflow as tf
+
+    flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+    n = sum(t.shape.num_elements() for t in tensors)
+    return tf.pad(flat, [[0, -n % multiple]])
+
+
+def unfuse(buffer: Any, like: Sequence[Any]) -> list[Any]:
+    """Splits a buffer made by :func:`fuse` back into tensors shaped like ``like``."""
+    import tensorflow as tf
+
+    sizes = [t.shape.num_elements() for t in like]
+    parts = tf.split(buffer[:sum(sizes)], sizes)
+    return [tf.reshape(p, t.shape) for p, t in zip(parts, like, strict=True)]
+
+
+@dataclasses.dataclass
+class HierarchicalAllReduce:
+    """Sums or averages lists of tensors over all processes in the three phases above.
+
+    Calling it averages (the gradient reduction of the ``ddl`` strategy; pass it to
+    :func:`tfscale.strategies.horovod.with_gradient_reduction`); :meth:`sum` sums.
+    Build one per Horovod session with :meth:`create` (it registers the process sets); copies
+    made with ``dataclasses.replace`` share the sets.
+
+    With several nodes of several processes the last phase runs inside a node, so one node can
+    finish a step before another: run a global collective (``DDLMetricSync`` at the end of the
+    epoch does; so does any flat all-reduce) before Horovod shuts down, or the node that shuts
+    down first aborts the other's exchange.
+
+    Attributes:
+        hvd: ``horovod.tensorflow``.
+        topology: the node layout.
+        node_set: process set of this node (phases 1 and 3), None when they are skipped.
+        cross_set: process set across nodes (phase 2), None when it is skipped.
+        compression: exchange floating-point buffers as float16.
+        name: prefix of the Horovod tensor names (they must match across processes).
+    """
+
+    hvd: ModuleType
+    topology: Topology
+    node_set: Any
+    cross_set: Any
+    compression: bool = False
+    name: str = "tfscale.ddl"
+
+    @classmethod
+    def create(cls, local_size: int = 0, compression: bool = False) -> HierarchicalAllReduce:
+        """Starts Horovod if needed, finds the nodes and registers the process sets (every
+        process must call it, in the same order relative to other collectives).
+
+        Args:
+            local_size: processes per node, overriding the launcher's hosts (0: use them).
+            compression: exchange floating-point buffers as float16.
+        """
+        hvd = start_horovod()
+        topology = discover_topology(hvd, local_size)
+        node_set, cross_set = register_process_sets(hvd, topology)
+        return cls(hvd, topology, node_set, cross_set, compression)
+
+    def __call__(self, tensors: Sequence[Any]) -> list[Any]:
+        """The element-wise means of ``tensors`` over all processes."""
+        return self._reduce(tensors, average=True)
+
+    def sum(self, tensors: Sequence[Any]) -> list[Any]:
+        """The element-wise sums of ``tensors`` over all processes."""
+        return self._reduce(tensors, average=False)
+
+    def _reduce(self, tensors: Sequence[Any], average: bool) -> list[Any]:
+        import tensorflow as tf
+
+        values = [tf.convert_to_tensor(t) for t in tensors]
+        by_dtype: dict[Any, list[int]] = {}
+        for i, v in enumerate(values):
+            by_dtype.setdefault(v.dtype, []).append(i)
+        out: list[Any] = [None] * len(values)
+        for dtype, indices in by_dtype.items():
+            group = [values[i] for i in indices]
+            buffer = self._reduce_buffer(fuse(group, self.topology.local_size), dtype.name)
+            if average:
+                buffer = buffer / tf.cast(self.topology.size, dtype)
+            for i, v in zip(indices, unfuse(buffer, group), strict=True):
+                out[i] = v
+        return out
+
+    def _reduce_buffer(self, buffer: Any, tag: str) -> Any:
+        import tensorflow as tf
+
+        hvd, dtype, length = self.hvd, buffer.dtype, buffer.shape[0]
+        if self.compression and dtype.is_floating:
+            buffer = tf.cast(buffer, tf.float16)
+        name = f"{self.name}.{tag}"
+        if self.node_set is not None:
+            buffer = hvd.reducescatter(buffer, op=hvd.Sum, name=f"{name}.reducescatter",
+                                       process_set=self.node_set)
+        if self.cross_set is not None:
+            buffer = hvd.allreduce(buffer, op=hvd.Sum, name=f"{name}.allreduce",
+                                   process_set=self.cross_set)
+        if self.node_set is not None:
+            buffer = hvd.allgather(buffer, name=f"{name}.allgather", process_set=self.node_set)
+        return tf.ensure_shape(tf.cast(buffer, dtype), [length])
