@@ -3,11 +3,13 @@
 from tfscale.callbacks.broadcast import BroadcastInitialState
 from tfscale.callbacks.checkpoint import Checkpoint
 from tfscale.callbacks.chief_only import ChiefOnly
+from tfscale.callbacks.ddl import DDLGlobalVariablesBroadcast, DDLMetricSync, check_ddl_order
 from tfscale.callbacks.guard import TrainingGuard
 from tfscale.callbacks.metric_average import MetricAverage
 from tfscale.callbacks.progress import ProgressLogger
 from tfscale.callbacks.throughput import ThroughputMeter
 from tfscale.callbacks.warmup import LearningRateWarmup
 
-__all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "LearningRateWarmup",
-           "MetricAverage", "ProgressLogger", "ThroughputMeter", "TrainingGuard"]
+__all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "DDLGlobalVariablesBroadcast",
+           "DDLMetricSync", "LearningRateWarmup", "MetricAverage", "ProgressLogger",
+           "ThroughputMeter", "TrainingGuard", "check_ddl_order"]
