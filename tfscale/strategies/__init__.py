@@ -1,6 +1,7 @@
 """Distribution strategies: a registry of :class:`Strategy` plugins."""
 
 from tfscale.strategies.base import SingleProcessStrategy, Strategy, running
+from tfscale.strategies.ddl import DDLStrategy
 from tfscale.strategies.default import DefaultStrategy
 from tfscale.strategies.horovod import HorovodStrategy
 from tfscale.strategies.mirrored import MirroredStrategy
@@ -14,6 +15,8 @@ register("multiworker", MultiWorkerStrategy,
          "tf.distribute.MultiWorkerMirroredStrategy: a process per worker (TF_CONFIG/Slurm)")
 register("horovod", HorovodStrategy,
          "Horovod: one process per replica, fused all-reduce of gradients (Gloo or MPI)")
+register("ddl", DDLStrategy,
+         "IBM DDL's model on Horovod: hierarchical all-reduce over nodes, DDL callbacks")
 
 __all__ = ["STRATEGIES", "SingleProcessStrategy", "Strategy", "create", "load_plugins",
            "register", "running"]

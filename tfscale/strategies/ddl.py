@@ -1,0 +1,65 @@
+"""The ``ddl`` strategy: IBM DDL's programming model, open, on Horovod's engine.
+
+What DDL gave a TensorFlow program, and where it lives here:
+
+- Learners are processes, one per accelerator, started by a launcher (``ddlrun``/``mpirun``
+  then; horovodrun, mpirun, srun, jsrun or ``--num_processes`` here).
+- Gradients are averaged by a topology-aware all-reduce: reduce-scatter inside a node,
+  all-reduce across nodes, all-gather inside a node
+  (:mod:`tfscale.strategies.hierarchical`), on gradients fused into one buffer.
+- The callback pair (:mod:`tfscale.callbacks.ddl`): a metric sync that comes first and a
+  global-variables broadcast that comes last. In ``tfscale.train`` the strategy's callbacks are
+  placed before the trainer's own, so the sync is first; the trainer restores checkpoints before
+  ``fit`` and none of its callbacks sets variables at train begin, so its broadcast is the
+  position-free :class:`~tfscale.callbacks.BroadcastInitialState` (``DDLGlobalVariablesBroadcast``
+  would refuse not to be last). Users' own ``model.fit`` scripts use the pair as DDL did.
+- DDL asked users to multiply the learning rate by the number of learners; here that is
+  ``--lr_scaling=linear`` (learning rate x the number of processes). ``describe()`` states
+  which applies, since the default (``none``) keeps the base rate.
+
+Nodes come from the launcher's host list (Horovod's cross and local ranks); ``--ddl_local_size``
+regroups the ranks as ``rank // ddl_local_size`` instead, under any launcher. With
+``--num_processes`` the local launcher also gives each group of ``ddl_local_size`` processes its
+own host name, so ``--num_processes 2 --ddl_local_size 1`` runs as 2 nodes x 1 process and
+``--ddl_local_size 2`` as 1 node x 2.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from tfscale.strategies.hierarchical import HierarchicalAllReduce, start_horovod
+from tfscale.strategies.horovod import HorovodStrategy, horovod_knobs, with_gradient_reduction
+
+if TYPE_CHECKING:
+    import keras
+
+
+class DDLStrategy(HorovodStrategy):
+    """IBM DDL's model on Horovod: learners, DDL callbacks, hierarchical all-reduce."""
+
+    def setup(self) -> None:
+        # Horovod must start with dynamic process sets (registered once the nodes are known),
+        # so it is started here, with the knobs set, before the base class would start it.
+        os.environ.update(horovod_knobs(self.config))
+        start_horovod()
+        super().setup()
+        self.reduce = HierarchicalAllReduce.create(self.config.ddl_local_size,
+                                                   compression=self.config.fp16_allreduce)
+
+    def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+        return with_gradient_reduction(optimizer, self.reduce)
+
+    def callbacks(self) -> list[keras.callbacks.Callback]:
+        from tfscale.callbacks import BroadcastInitialState, DDLMetricSync
+
+        return [DDLMetricSync(self.comm), BroadcastInitialState(self.comm)]
+
+    def describe(self) -> str:
+        if self.config.lr_scaling == "linear":
+            lr = f"learning rate x{self.size} (--lr_scaling=linear)"
+        else:
+            lr = "learning rate not scaled (DDL scales it by the learners: --lr_scaling=linear)"
+        return (f"ddl: {self.size} learner(s) on {self.reduce.topology.describe()}, "
+                f"hierarchical all-reduce; {lr}")
