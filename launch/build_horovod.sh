@@ -19,6 +19,11 @@ with_mpi=${TFSCALE_WITH_MPI:-auto}
 if [ "$with_mpi" = auto ]; then
   if command -v mpicxx >/dev/null 2>&1; then with_mpi=1; else with_mpi=0; fi
 fi
+if [ "$with_mpi" = 1 ] && ! command -v mpicxx >/dev/null 2>&1; then
+  echo "[build_horovod] TFSCALE_WITH_MPI=1 but no mpicxx on the PATH (install OpenMPI, or" \
+       "module load the site's MPI)" >&2
+  exit 1
+fi
 tf_version=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
 py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 mpi_tag=$([ "$with_mpi" = 1 ] && echo mpi || echo gloo)
@@ -50,4 +55,6 @@ if ! ls "$dest"/horovod-*.whl >/dev/null 2>&1; then
   cp "$work"/wheel/horovod-*.whl "$dest/"
 fi
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$dest"/horovod-*.whl
+# A wheel with MPI must still have Gloo (horovodrun --gloo, --num_processes use it).
+"$PY" -c "import horovod.tensorflow as h, sys; sys.exit(0 if h.gloo_built() and (h.mpi_built() or $with_mpi == 0) else 'installed Horovod lacks Gloo or MPI: delete $dest and rebuild')"
 echo "[build_horovod] installed $key"

@@ -6,8 +6,16 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 if [ "${TFSCALE_WITH_MPI:-0}" = 1 ] && ! command -v mpicxx >/dev/null; then
+  if ! command -v apt-get >/dev/null; then
+    echo "[setup] TFSCALE_WITH_MPI=1 needs an MPI compiler wrapper (mpicxx); load or install" \
+         "one first (e.g. module load openmpi)" >&2
+    exit 1
+  fi
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
   echo "[setup] installing OpenMPI from Debian's packages"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PYTHON --version)"
