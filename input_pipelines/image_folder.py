@@ -89,6 +89,7 @@ def _worker_images(config: TrainConfig, shard: Shard,
 @register("image_folder", "classification from folders of images, one sub-folder per class",
           task="classification")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    """The ``image_folder`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "image_folder")
     paths, labels, _ = _worker_images(config, shard, split)
     table = tf.lookup.StaticHashTable(

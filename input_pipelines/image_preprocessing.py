@@ -55,8 +55,8 @@ def per_channel_affine(image: tf.Tensor, scale: Sequence[float],
     """
     width = image.shape[1]
     row = np.ones((1, width, 1), np.float32)
-    return (tf.cast(image, tf.float32) * tf.constant(row * np.float32(scale))
-            + tf.constant(row * np.float32(offset)))
+    return (tf.cast(image, tf.float32) * tf.constant(row * np.asarray(scale, np.float32))
+            + tf.constant(row * np.asarray(offset, np.float32)))
 
 
 def normalize(image: tf.Tensor, channels: int) -> tf.Tensor:

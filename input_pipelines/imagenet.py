@@ -59,6 +59,7 @@ def check_small(files: WorkerFiles, config: TrainConfig, shard: Shard,
 @register("imagenet", "ImageNet-style JPEG classification from TFRecord shards "
           "(image/encoded, image/class/label)", task="classification")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    """The ``imagenet`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "imagenet")
     files = worker_files(config, shard, split, scan_tfrecord)
     check_manifest_labels(files, config.num_classes)

@@ -75,6 +75,7 @@ def _reference(files: WorkerFiles, layouts: dict[str, Layout], keys: tuple[str, 
 @register("segmentation_h5", "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
           "normalized with stats.json", task="segmentation")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    """The ``segmentation_h5`` pipeline of worker ``shard`` (see the module docstring)."""
     root, stats = required_stats(config)
     keys = (str(stats.get("data_key", DATA_KEY)), str(stats.get("label_key", LABEL_KEY)))
     check_sample_shape(stats["sample_shape"], os.path.join(root, "stats.json"), config)

@@ -28,6 +28,7 @@ from tfscale.config import TrainConfig
 @register("segmentation_tfrecord", "segmentation from TFRecord shards (raw float data, int "
           "labels), normalized with stats.json", task="segmentation")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    """The ``segmentation_tfrecord`` pipeline of worker ``shard`` (see the module docstring)."""
     root, stats = required_stats(config)
     sample_shape = tuple(int(d) for d in stats["sample_shape"])
     check_sample_shape(sample_shape, os.path.join(root, "stats.json"), config)
