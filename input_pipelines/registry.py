@@ -59,7 +59,9 @@ PIPELINES: Registry[PipelineBuilder] = Registry("dataset")
 SPLITS = ("train", "validation")
 
 
-def register(name: str, description: str, task: str) -> Callable[[PipelineBuilder], PipelineBuilder]:
+def register(
+    name: str, description: str, task: str
+) -> Callable[[PipelineBuilder], PipelineBuilder]:
     """Registers a pipeline builder under ``name`` for ``task`` (classification|segmentation)."""
     return PIPELINES.register(name, description, task=task)
 

@@ -14,7 +14,6 @@ import tensorflow as tf
 from input_pipelines.registry import Batches, Shard, register
 from tfscale.config import TrainConfig
 
-
 MAX_BATCHES = 4
 MAX_BYTES = 256 * 1024 * 1024
 

@@ -65,6 +65,10 @@ def test_flags_round_trip_to_config() -> None:
         (["--strategy=magic"], "error: unknown strategy 'magic'; available: "),
         (["--batch_size=-2"], "error: --batch_size=-2 is not valid; expected a value >= 1"),
         (["--num_processes=2"], "error: --strategy=default runs in one process"),
+        (["--model=deeplabv3plus_tiny"], "error: --model=deeplabv3plus_tiny is a segmentation "
+                                         "model but --dataset=synthetic is classification data"),
+        (["--class_weights=1,2"], "error: --class_weights='1,2' has 2 weights [1.0, 2.0] but "
+                                  "--num_classes=4"),
     ],
 )
 def test_cli_rejects_bad_flags_with_one_line(flags: list[str], expected: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,31 @@ def test_results_json_is_atomic_and_summary_has_figures(tmp_path: Path) -> None:
     for fragment in ("horovod", "2 x 1", "64", "12.50", "6.25", "5120.0 ms", "6.9000",
                      "accuracy"):
         assert fragment in text
+
+
+def test_gpu_for_local_rank() -> None:
+    from tfscale.strategies.horovod import gpu_for_local_rank
+
+    assert gpu_for_local_rank(0, 0) is None  # CPU
+    assert gpu_for_local_rank(3, 1) is None  # the launcher already gave this rank one GPU
+    assert gpu_for_local_rank(5, 6) == 5  # Summit node: 6 ranks, 6 GPUs
+    with pytest.raises(ValueError, match="local rank 4 has no GPU of its own: this node shows 4"):
+        gpu_for_local_rank(4, 4)
+
+
+def test_configure_runtime_sets_tf32_and_cudnn_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tensorflow as tf
+
+    from tfscale.config import TrainConfig
+    from tfscale.trainer import configure_runtime
+
+    monkeypatch.delenv("TF_CUDNN_USE_AUTOTUNE", raising=False)
+    try:
+        configure_runtime(TrainConfig(model="tiny_cnn", tf32=False, cudnn_autotune=False))
+        assert not tf.config.experimental.tensor_float_32_execution_enabled()
+        assert os.environ["TF_CUDNN_USE_AUTOTUNE"] == "0"
+        configure_runtime(TrainConfig(model="tiny_cnn"))
+        assert tf.config.experimental.tensor_float_32_execution_enabled()
+        assert os.environ["TF_CUDNN_USE_AUTOTUNE"] == "1"
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(True)

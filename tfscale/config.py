@@ -67,6 +67,8 @@ class TrainConfig:
     intra_op_threads: int = 0
     inter_op_threads: int = 0
     cpu_binding: bool = False
+    tf32: bool = True
+    cudnn_autotune: bool = True
     # Distribution.
     cpu_replicas: int = 0
     collective: str = "auto"

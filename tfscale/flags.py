@@ -58,6 +58,8 @@ HELP: dict[str, str] = {
     "intra_op_threads": "TF intra-op threads (0 = TF's choice).",
     "inter_op_threads": "TF inter-op threads (0 = TF's choice).",
     "cpu_binding": "Bind each local worker to its own share of the cores.",
+    "tf32": "GPUs: allow TensorFloat-32 in float32 matmuls and convolutions (Ampere and newer).",
+    "cudnn_autotune": "GPUs: let cuDNN time its convolution algorithms and keep the fastest.",
     "cpu_replicas": "mirrored on CPU: split the CPU into N logical devices (replicas).",
     "collective": "multiworker collective implementation.",
     "collective_timeout_s": "Collective timeout in seconds; a dead peer raises instead of hanging "

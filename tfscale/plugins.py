@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import input_pipelines
 import models
+from input_pipelines.class_weights import parse_class_weights
 from tfscale.config import TrainConfig
 from tfscale.strategies import STRATEGIES, load_plugins
 
@@ -35,6 +36,7 @@ def validate_names(config: TrainConfig) -> None:
         raise ValueError(f"--model={config.model} is a {model_task} model but "
                          f"--dataset={config.dataset} is {data_task} data; use one of: "
                          f"{', '.join(fitting)}")
+    parse_class_weights(config.class_weights, config.num_classes)
     strategy.check_environment()
     if config.num_processes > 1 and not strategy.launcher:
         raise ValueError(f"--strategy={config.strategy} runs in one process; --num_processes="

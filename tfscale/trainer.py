@@ -75,6 +75,9 @@ def configure_runtime(config: TrainConfig) -> None:
     if config.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     tf.config.optimizer.set_jit("autoclustering" if config.xla == "auto" else False)
+    tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
+    # Read by TF's convolution kernels when they first run, so setting it here is in time.
+    os.environ["TF_CUDNN_USE_AUTOTUNE"] = "1" if config.cudnn_autotune else "0"
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.mixed_precision.set_global_policy(POLICIES[config.precision])

@@ -166,6 +166,37 @@ def horovod_knobs(config: Any) -> dict[str, str]:
     return env
 
 
+def gpu_for_local_rank(local_rank: int, num_gpus: int) -> int | None:
+    """Index of the GPU a process of ``local_rank`` uses among the ``num_gpus`` it sees.
+
+    ``None`` when it sees none (CPU) or one (the launcher already chose it, e.g. jsrun's resource
+    sets or ``CUDA_VISIBLE_DEVICES`` set per rank).
+
+    Raises:
+        ValueError: when a node runs more processes than it has GPUs.
+    """
+    if num_gpus <= 1:
+        return None
+    if local_rank >= num_gpus:
+        raise ValueError(
+            f"local rank {local_rank} has no GPU of its own: this node shows {num_gpus} GPUs; "
+            "start one process per GPU (tasks per node = GPUs per node)"
+        )
+    return local_rank
+
+
+def pin_gpu(local_rank: int) -> None:
+    """Makes only this local rank's GPU visible to TensorFlow, with memory growth on."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    index = gpu_for_local_rank(local_rank, len(gpus))
+    if index is None:
+        return
+    tf.config.experimental.set_memory_growth(gpus[index], True)
+    tf.config.set_visible_devices(gpus[index], "GPU")
+
+
 class HorovodStrategy(Strategy):
     """Horovod: one process per replica, fused all-reduce of gradients (Gloo or MPI)."""
 
@@ -185,6 +216,7 @@ class HorovodStrategy(Strategy):
         os.environ.update(horovod_knobs(self.config))
         self.comm = HorovodCollectives()
         self._check_size()
+        pin_gpu(self.local_rank)
 
     def _check_size(self) -> None:
         expected = self.config.num_processes
@@ -196,7 +228,7 @@ class HorovodStrategy(Strategy):
             )
         if self.comm.size == 1 and expected == 1 and "HOROVOD_RANK" not in os.environ:
             warnings.warn(
-                "--strategy=horovod is running as a single worker; start it with "
+                f"--strategy={self.config.strategy} is running as a single worker; start it with "
                 "--num_processes N (or under horovodrun/mpirun) to train on N workers",
                 stacklevel=2,
             )
