@@ -120,6 +120,11 @@ def batches(files: Sequence[str], counts: Sequence[int], read: Reader, parse: Pa
     cached = records(None).cache() if config.cache else None
 
     def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
+        # Shuffle seeds here are tensors (a function of the epoch). TF's get_seed compares them
+        # with 0 in Python when the global seed is 0 (e.g. after keras.utils.set_random_seed(0))
+        # and fails in graph mode; the order must depend on --seed and the epoch only anyway, so
+        # the function traced here gets no graph-level seed.
+        tf.compat.v1.set_random_seed(None)
         ds = cached if cached is not None else records(epoch if training else None)
         return ds.shuffle(buffer, seed=_seed(config.seed, epoch, 1)) if buffer else ds
 

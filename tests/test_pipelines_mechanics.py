@@ -149,3 +149,21 @@ def test_split_layouts(tmp_path):
     assert split_files(str(tmp_path / "c"), "train", (".h5",)) == [str(tmp_path / "c" / "x.h5")]
     assert split_files(str(tmp_path / "a" / "train-*"), "train") == [
         str(tmp_path / "a" / "train-0"), str(tmp_path / "a" / "train-1")]
+
+
+def test_order_is_independent_of_a_global_seed_of_zero(tmp_path: Path) -> None:
+    # keras.utils.set_random_seed(0) in a user's script used to break every file pipeline:
+    # TF compared the per-epoch (tensor) shuffle seed with 0 in Python while tracing.
+    from tensorflow.python.framework import random_seed
+
+    paths = write_ids(tmp_path, files=3, per_file=4)
+    shard = Shard(0, 1)
+    before, _ = ids(paths, [4] * 3, shard, 24)
+    try:
+        tf.random.set_seed(0)
+        after, _ = ids(paths, [4] * 3, shard, 24)
+        assert random_seed.get_seed(None)[0] == 0  # the global seed is left as the user set it
+    finally:
+        tf.random.set_seed(None)
+    assert after == before
+    assert before[:12] != before[12:]  # a new order each epoch
