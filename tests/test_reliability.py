@@ -19,7 +19,8 @@ from tests.faults import TRAIN, kill_group, long_run_flags, progress, started, w
 from tfscale.checkpointing import CheckpointManager
 
 pytestmark = pytest.mark.slow
-MULTI = [pytest.param("horovod", marks=requires_horovod), "multiworker"]
+MULTI = [pytest.param("horovod", marks=requires_horovod),
+         pytest.param("ddl", marks=requires_horovod), "multiworker"]
 
 
 @pytest.mark.parametrize("strategy", MULTI)
@@ -41,7 +42,7 @@ def test_killed_worker_stops_the_launcher_without_orphans(strategy: str, tmp_pat
 
 def _spawn_pair(strategy: str, flags: list[str], tmp_path: Path) -> tuple[list, list]:
     """Two workers started directly (no tfscale launcher supervising them)."""
-    envs, server = (horovod_envs([("localhost", 2)]) if strategy == "horovod"
+    envs, server = (horovod_envs([("localhost", 2)]) if strategy in ("horovod", "ddl")
                     else (tf_config_envs(2), None))
     procs, logs = [], []
     for rank, env in enumerate(envs):
