@@ -1,6 +1,6 @@
 """Runs every benchmark and writes ``bench/RESULTS.md`` (tables plus target verdicts).
 
-    python -m bench.run_all            # about 30-40 minutes on 2 cores; run on an idle machine
+    python -m bench.run_all            # about 45 minutes on 2 cores; run on an idle machine
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 def main() -> None:
     sections = []
-    for title, module, result in (
+    # Each measurement runs when its turn comes, so every finished section is printed and saved
+    # even if a later one fails.
+    for title, module, measure in (
         ("Overhead: tfscale.train vs a plain Keras script", overhead,
-         overhead.measure(rounds=2, steps=6, batch=32, image_size=224)),
-        ("Compute: XLA x precision x threads", compute, compute.measure(5, 32, 224)),
-        ("All-reduce: grouped vs per tensor", allreduce, allreduce.measure()),
+         lambda: overhead.measure(rounds=2, steps=6, batch=32, image_size=224)),
+        ("Compute: XLA x precision x threads", compute, lambda: compute.measure(4, 16, 224)),
+        ("All-reduce: grouped vs per tensor", allreduce, allreduce.measure),
         ("Weak scaling: 2 workers vs 1", scaling,
-         scaling.measure(["horovod", "multiworker", "ddl"], ["horovod"])),
+         lambda: scaling.measure(["horovod", "multiworker", "ddl"],
+                                 ["horovod", "multiworker", "ddl"])),
     ):
+        result = measure()
         name = module.__name__.split(".")[-1]
         module.save(name, result)  # type: ignore[attr-defined]
         sections.append(f"## {title}\n\n`python -m bench.{name}`\n\n{module.report(result)}\n")

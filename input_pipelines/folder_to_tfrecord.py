@@ -15,7 +15,6 @@ finished shards whose inputs are unchanged are verified by checksum and skipped.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
@@ -26,7 +25,12 @@ import tensorflow as tf
 from input_pipelines.errors import DataError
 from input_pipelines.image_files import check_signature, list_images
 from input_pipelines.report import Progress
-from input_pipelines.shard_writer import load_manifest, write_split
+from input_pipelines.shard_writer import (
+    converter_parser,
+    load_manifest,
+    run_converter,
+    write_split,
+)
 
 ENCODINGS = ("jpeg", "keep")
 
@@ -118,26 +122,16 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m input_pipelines.folder_to_tfrecord",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--input_dir", required=True, help="Folder of class sub-folders.")
-    parser.add_argument("--output_dir", required=True, help="Where to write the shards.")
-    parser.add_argument("--shards", type=int, default=8, help="Training shards.")
-    parser.add_argument("--validation_shards", type=int, default=2, help="Validation shards.")
+    parser = converter_parser("input_pipelines.folder_to_tfrecord", __doc__.split("\n")[0],
+                              "Folder of class sub-folders.")
     parser.add_argument("--encoding", default="jpeg", choices=ENCODINGS,
                         help="jpeg: store JPEG (re-encode other formats); keep: store as is.")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoding.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the record order.")
     args = parser.parse_args(argv)
-    try:
-        skipped = convert(args.input_dir, args.output_dir, args.shards, args.validation_shards,
-                          args.encoding, args.quality, args.seed)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    kept = sum(len(s) for s in skipped.values())
-    print(f"wrote {args.output_dir} (skipped {kept} shard(s) already written and verified)")
-    return 0
+    return run_converter(args.output_dir, lambda: convert(
+        args.input_dir, args.output_dir, args.shards, args.validation_shards, args.encoding,
+        args.quality, args.seed))
 
 
 if __name__ == "__main__":

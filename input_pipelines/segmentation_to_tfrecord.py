@@ -16,7 +16,6 @@ statistics are kept in the manifest, so stats.json stays complete).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -39,7 +38,12 @@ from input_pipelines.sample_files import (
     inspect,
     read_sample,
 )
-from input_pipelines.shard_writer import load_manifest, write_split
+from input_pipelines.shard_writer import (
+    converter_parser,
+    load_manifest,
+    run_converter,
+    write_split,
+)
 from input_pipelines.stats import (
     STATS,
     ChannelStats,
@@ -158,24 +162,14 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m input_pipelines.segmentation_to_tfrecord",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--input_dir", required=True, help="Folder of .h5/.hdf5/.npz files.")
-    parser.add_argument("--output_dir", required=True, help="Where to write the shards.")
-    parser.add_argument("--shards", type=int, default=8, help="Training shards.")
-    parser.add_argument("--validation_shards", type=int, default=2, help="Validation shards.")
+    parser = converter_parser("input_pipelines.segmentation_to_tfrecord",
+                              __doc__.split("\n")[0], "Folder of .h5/.hdf5/.npz files.")
     parser.add_argument("--data_key", default=DATA_KEY, help="Dataset name of the data.")
     parser.add_argument("--label_key", default=LABEL_KEY, help="Dataset name of the labels.")
     args = parser.parse_args(argv)
-    try:
-        skipped = convert(args.input_dir, args.output_dir, args.shards, args.validation_shards,
-                          args.data_key, args.label_key)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    kept = sum(len(s) for s in skipped.values())
-    print(f"wrote {args.output_dir} (skipped {kept} shard(s) already written and verified)")
-    return 0
+    return run_converter(args.output_dir, lambda: convert(
+        args.input_dir, args.output_dir, args.shards, args.validation_shards, args.data_key,
+        args.label_key))
 
 
 if __name__ == "__main__":

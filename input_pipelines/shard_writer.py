@@ -11,8 +11,10 @@ split that an earlier run with another shard count left behind.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -136,3 +138,25 @@ def _write_shard(out_dir: str, name: str, items: Sequence[T], inputs: str, encod
     if accumulator is not None:
         entry["stats"] = accumulator.to_dict()
     return entry
+
+
+def converter_parser(prog: str, description: str, input_help: str) -> argparse.ArgumentParser:
+    """The arguments every converter shares: input and output folders and shard counts."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
+    parser.add_argument("--input_dir", required=True, help=input_help)
+    parser.add_argument("--output_dir", required=True, help="Where to write the shards.")
+    parser.add_argument("--shards", type=int, default=8, help="Training shards.")
+    parser.add_argument("--validation_shards", type=int, default=2, help="Validation shards.")
+    return parser
+
+
+def run_converter(output_dir: str, convert: Callable[[], dict[str, list[str]]]) -> int:
+    """Runs ``convert`` as a command: one ``error:`` line and exit code 2 for bad input."""
+    try:
+        skipped = convert()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    kept = sum(len(s) for s in skipped.values())
+    print(f"wrote {output_dir} (skipped {kept} shard(s) already written and verified)")
+    return 0
