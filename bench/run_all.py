@@ -1,21 +1,29 @@
 """Runs every benchmark and writes ``bench/RESULTS.md`` (tables plus target verdicts).
 
     python -m bench.run_all            # about 45 minutes on 2 cores; run on an idle machine
+    python -m bench.run_all --reuse    # keep sections whose bench/results/<name>.json exists
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import json
 import os
 import platform
 from pathlib import Path
 
 from bench import allreduce, compute, overhead, scaling
+from bench.common import OUT
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse saved results instead of measuring those sections again")
+    reuse = parser.parse_args().reuse
     sections = []
     # Each measurement runs when its turn comes, so every finished section is printed and saved
     # even if a later one fails.
@@ -28,9 +36,13 @@ def main() -> None:
          lambda: scaling.measure(["horovod", "multiworker", "ddl"],
                                  ["horovod", "multiworker", "ddl"])),
     ):
-        result = measure()
         name = module.__name__.split(".")[-1]
-        module.save(name, result)  # type: ignore[attr-defined]
+        saved = OUT / f"{name}.json"
+        if reuse and saved.exists():
+            result = json.loads(saved.read_text())
+        else:
+            result = measure()
+            module.save(name, result)  # type: ignore[attr-defined]
         sections.append(f"## {title}\n\n`python -m bench.{name}`\n\n{module.report(result)}\n")
         print(sections[-1], flush=True)
     header = (f"# Benchmark results\n\nMeasured {datetime.date.today()} on {platform.node()}: "
