@@ -91,6 +91,10 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
     if os.path.isdir(os.path.join(input_dir, "validation")):
         splits["validation"] = (list_images(input_dir, "validation", "--input_dir"),
                                 validation_shards)
+    else:
+        print(f"note: {input_dir} has no validation/ folder: writing training shards only "
+              "(train with --validation_steps=0, or put held-out images in "
+              "INPUT_DIR/validation/CLASS/)", file=sys.stderr)
     os.makedirs(output_dir, exist_ok=True)
     header = {"task": "classification", "classes": train.classes, "encoding": encoding}
     manifest = load_manifest(output_dir, header)

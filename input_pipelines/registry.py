@@ -19,6 +19,7 @@ A pipeline builder is called once per worker process as
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -55,7 +56,19 @@ class Batches:
 
 
 PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
-PIPELINES: Registry[PipelineBuilder] = Registry("dataset")
+BUILTIN = ("image_folder", "imagenet", "segmentation_h5", "segmentation_tfrecord", "synthetic",
+           "synthetic_segmentation")
+
+
+def _load_builtin() -> None:
+    for module in BUILTIN:
+        importlib.import_module(f"input_pipelines.{module}")
+
+
+# The built-in pipelines are imported on the first lookup, not with the package: the package's
+# tools (``python -m input_pipelines.stats`` ...) are modules those pipelines import, and runpy
+# warns when a module it is about to run was imported already.
+PIPELINES: Registry[PipelineBuilder] = Registry("dataset", _load_builtin)
 SPLITS = ("train", "validation")
 
 

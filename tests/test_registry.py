@@ -73,3 +73,31 @@ def test_strategy_from_an_installed_package_entry_point(
         assert STRATEGIES.get("acme").__name__ == "AcmeStrategy"
     finally:
         STRATEGIES._entries.pop("acme", None)
+
+
+def test_lazy_registry_loads_builtin_plugins_on_first_lookup() -> None:
+    from tfscale.registry import Registry
+
+    loads = []
+    registry: Registry[int] = Registry("thing", lambda: loads.append(registry.add("a", 1, "one")))
+    registry.add("b", 2, "two")  # registering does not load
+    assert loads == []
+    assert registry.names() == ["a", "b"]
+    assert registry.get("a") == 1 and len(loads) == 1
+    registry.names()
+    assert len(loads) == 1
+
+
+def test_package_tools_run_without_runpy_warnings() -> None:
+    # Importing input_pipelines must not import its tools, or `python -m` warns (and runs a
+    # second copy of the module).
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    for tool in ("stats", "synthetic_fields", "class_weights", "folder_to_tfrecord"):
+        proc = subprocess.run([sys.executable, "-m", f"input_pipelines.{tool}", "--help"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "RuntimeWarning" not in proc.stderr, proc.stderr

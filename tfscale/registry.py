@@ -30,9 +30,19 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """A mapping from names to plugins of one kind (e.g. ``"model"``)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, load: Callable[[], object] | None = None) -> None:
+        """``load``, if given, imports the built-in plugins on the first lookup (so that importing
+        the package does not import every plugin module, e.g. before ``python -m`` runs one)."""
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        self._load = load
+
+    @property
+    def _all(self) -> dict[str, Entry[T]]:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load()
+        return self._entries
 
     def add(self, name: str, obj: T, description: str, **meta: Any) -> T:
         """Registers ``obj`` under ``name``.
@@ -61,7 +71,7 @@ class Registry(Generic[T]):
             UnknownNameError: naming the bad value and listing the valid ones.
         """
         try:
-            return self._entries[name]
+            return self._all[name]
         except KeyError:
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}"
@@ -73,15 +83,15 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Sorted registered names."""
-        return sorted(self._entries)
+        return sorted(self._all)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._all
 
     def __iter__(self) -> Iterator[Entry[T]]:
-        return iter(sorted(self._entries.values(), key=lambda e: e.name))
+        return iter(sorted(self._all.values(), key=lambda e: e.name))
 
     def describe(self) -> str:
         """One line per entry: ``name  description``."""
-        width = max((len(n) for n in self._entries), default=0)
+        width = max((len(n) for n in self._all), default=0)
         return "\n".join(f"  {e.name:<{width}}  {e.description}" for e in self)
