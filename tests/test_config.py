@@ -100,3 +100,12 @@ def test_multi_process_strategy_without_launcher_warns(strategy: str, warning: s
                      timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert warning in proc.stderr
+
+
+def test_horovod_knobs_under_another_strategy_warn() -> None:
+    from tfscale.plugins import validate_names
+
+    with pytest.warns(UserWarning, match="--fp16_allreduce, --cycle_time_ms only affect "
+                                         "Horovod-based strategies .* --strategy=multiworker"):
+        validate_names(TrainConfig(model="tiny_cnn", strategy="multiworker", fp16_allreduce=True,
+                                   cycle_time_ms=20.0))

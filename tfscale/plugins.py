@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import input_pipelines
 import models
 from input_pipelines.class_weights import parse_class_weights
@@ -37,8 +39,22 @@ def validate_names(config: TrainConfig) -> None:
                          f"--dataset={config.dataset} is {data_task} data; use one of: "
                          f"{', '.join(fitting)}")
     parse_class_weights(config.class_weights, config.num_classes)
+    _warn_unused_horovod_knobs(config, strategy.launcher)
     strategy.check_environment()
     if config.num_processes > 1 and not strategy.launcher:
         raise ValueError(f"--strategy={config.strategy} runs in one process; --num_processes="
                          f"{config.num_processes} needs a multi-process strategy (horovod, "
                          "multiworker, ddl)")
+
+
+def _warn_unused_horovod_knobs(config: TrainConfig, launcher: str) -> None:
+    """Warns when Horovod's communication flags are given to a strategy that ignores them."""
+    if launcher == "horovod":
+        return
+    given = [f"--{name}" for name, unset in (("fp16_allreduce", False),
+                                             ("fusion_threshold_mb", -1.0),
+                                             ("cycle_time_ms", -1.0))
+             if getattr(config, name) != unset]
+    if given:
+        warnings.warn(f"{', '.join(given)} only affect Horovod-based strategies (horovod, ddl); "
+                      f"--strategy={config.strategy} ignores them", stacklevel=2)
