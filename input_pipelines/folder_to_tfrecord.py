@@ -3,7 +3,8 @@
     python -m input_pipelines.folder_to_tfrecord --input_dir /data/pets \\
         --output_dir /data/pets-tfrecord --shards 16 [--validation_shards 2] [--encoding jpeg]
 
-Reads ``INPUT_DIR/CLASS/*`` (or ``INPUT_DIR/{train,validation}/CLASS/*``), shuffles each split
+Reads ``INPUT_DIR/CLASS/*`` (or ``INPUT_DIR/{train,validation}/CLASS/*``; without a validation
+folder, ``--validation_fraction`` holds out that fraction of each class), shuffles each split
 with ``--seed`` and writes balanced shards of ``tf.train.Example`` records (``image/encoded``,
 ``image/format``, ``image/class/label``, ``image/class/text``, ``image/height``, ``image/width``,
 ``image/filename``) plus ``manifest.json``, for ``--dataset=imagenet``. Every image is decoded
@@ -15,6 +16,7 @@ finished shards whose inputs are unchanged are verified by checksum and skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from input_pipelines.errors import DataError
-from input_pipelines.image_files import check_signature, list_images
+from input_pipelines.image_files import ImageFolder, check_signature, list_images
 from input_pipelines.report import Progress
 from input_pipelines.shard_writer import (
     converter_parser,
@@ -71,8 +73,30 @@ def image_example(path: str, label: int, class_name: str, name: str, encoding: s
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
+def hold_out(folder: ImageFolder, fraction: float, seed: int) -> tuple[ImageFolder, ImageFolder]:
+    """Splits ``folder`` into training and validation images: ``fraction`` of each class (at
+    least one image of a class that has two or more), chosen with ``seed``."""
+    rng = random.Random(seed)
+    train: list[int] = []
+    validation: list[int] = []
+    for label in range(len(folder.classes)):
+        members = [i for i, lab in enumerate(folder.labels) if lab == label]
+        rng.shuffle(members)
+        count = min(len(members) - 1, max(1, round(fraction * len(members))))
+        validation += members[:max(count, 0)]
+        train += members[max(count, 0):]
+
+    def subset(indices: list[int]) -> ImageFolder:
+        indices = sorted(indices)
+        return dataclasses.replace(folder, paths=[folder.paths[i] for i in indices],
+                                   labels=[folder.labels[i] for i in indices])
+
+    return subset(train), subset(validation)
+
+
 def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int,
-            encoding: str = "jpeg", quality: int = 95, seed: int = 0) -> dict[str, list[str]]:
+            encoding: str = "jpeg", quality: int = 95, seed: int = 0,
+            validation_fraction: float = 0.0) -> dict[str, list[str]]:
     """Converts ``input_dir`` into shards under ``output_dir``.
 
     Returns:
@@ -86,17 +110,29 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
                         f"{', '.join(ENCODINGS)}")
     if min(shards, validation_shards) < 1:
         raise DataError("--shards and --validation_shards must be at least 1")
+    if not 0 <= validation_fraction < 1:
+        raise DataError(f"--validation_fraction={validation_fraction} is not valid; expected a "
+                        "fraction in [0, 1)")
     train = list_images(input_dir, "train", "--input_dir")
     splits = {"train": (train, shards)}
-    if os.path.isdir(os.path.join(input_dir, "validation")):
+    has_validation = os.path.isdir(os.path.join(input_dir, "validation"))
+    if has_validation and validation_fraction:
+        raise DataError(f"{input_dir} has a validation/ folder; drop --validation_fraction or "
+                        "the folder")
+    if has_validation:
         splits["validation"] = (list_images(input_dir, "validation", "--input_dir"),
                                 validation_shards)
+    elif validation_fraction:
+        train, held_out = hold_out(train, validation_fraction, seed)
+        splits = {"train": (train, shards), "validation": (held_out, validation_shards)}
     else:
         print(f"note: {input_dir} has no validation/ folder: writing training shards only "
-              "(train with --validation_steps=0, or put held-out images in "
+              "(hold some out with --validation_fraction, or put them in "
               "INPUT_DIR/validation/CLASS/)", file=sys.stderr)
     os.makedirs(output_dir, exist_ok=True)
     header = {"task": "classification", "classes": train.classes, "encoding": encoding}
+    if validation_fraction:
+        header["validation_fraction"] = validation_fraction
     manifest = load_manifest(output_dir, header)
     total = sum(min(n, len(f.paths)) for f, n in splits.values())
     size = sum(os.path.getsize(p) for f, _ in splits.values() for p in f.paths)
@@ -131,11 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoding", default="jpeg", choices=ENCODINGS,
                         help="jpeg: store JPEG (re-encode other formats); keep: store as is.")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoding.")
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the record order.")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="Seed of the record order and of --validation_fraction's choice.")
+    parser.add_argument("--validation_fraction", type=float, default=0.0,
+                        help="Without a validation/ folder: hold out this fraction of each "
+                        "class for validation.")
     args = parser.parse_args(argv)
     return run_converter(args.output_dir, lambda: convert(
         args.input_dir, args.output_dir, args.shards, args.validation_shards, args.encoding,
-        args.quality, args.seed))
+        args.quality, args.seed, args.validation_fraction))
 
 
 if __name__ == "__main__":

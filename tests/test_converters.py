@@ -164,3 +164,31 @@ def test_a_missing_input_dir_is_named_with_its_flag(tmp_path, capsys):
     assert f"error: --input_dir={tmp_path}/none does not exist" in capsys.readouterr().err
     assert segmentation_to_tfrecord.main(args) == 2
     assert f"error: --input_dir={tmp_path}/none does not exist" in capsys.readouterr().err
+
+
+def test_validation_fraction_holds_out_part_of_each_class(tmp_path):
+    written = write_image_folder(tmp_path / "in", classes=3, per_class=8, splits=("",))
+    folder_to_tfrecord.convert(str(tmp_path / "in"), str(tmp_path / "out"), shards=2,
+                               validation_shards=1, validation_fraction=0.25)
+    train = all_records(tmp_path / "out", "train")
+    validation = all_records(tmp_path / "out", "validation")
+    names = [r["image/filename"] for r in train + validation]
+    assert len(names) == len(set(names)) == len(written)  # every image once, in one split
+    for label in range(3):
+        assert sum(r["image/class/label"] == label for r in validation) == 2  # 25% of 8
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["splits"]["validation"] and manifest["validation_fraction"] == 0.25
+    # The same seed holds out the same images: a rerun writes nothing new.
+    skipped = folder_to_tfrecord.convert(str(tmp_path / "in"), str(tmp_path / "out"), shards=2,
+                                         validation_shards=1, validation_fraction=0.25)
+    assert len(skipped["train"]) == 2 and len(skipped["validation"]) == 1
+
+
+def test_validation_fraction_is_checked(tmp_path):
+    write_image_folder(tmp_path / "in", classes=2, per_class=2)  # has validation/
+    with pytest.raises(ValueError, match="has a validation/ folder; drop --validation_fraction"):
+        folder_to_tfrecord.convert(str(tmp_path / "in"), str(tmp_path / "out"), shards=1,
+                                   validation_shards=1, validation_fraction=0.2)
+    with pytest.raises(ValueError, match=r"--validation_fraction=1.0 is not valid"):
+        folder_to_tfrecord.convert(str(tmp_path / "in"), str(tmp_path / "out"), shards=1,
+                                   validation_shards=1, validation_fraction=1.0)
