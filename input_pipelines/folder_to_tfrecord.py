@@ -21,6 +21,7 @@ import os
 import random
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -130,7 +131,8 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
               "(hold some out with --validation_fraction, or put them in "
               "INPUT_DIR/validation/CLASS/)", file=sys.stderr)
     os.makedirs(output_dir, exist_ok=True)
-    header = {"task": "classification", "classes": train.classes, "encoding": encoding}
+    header: dict[str, Any] = {"task": "classification", "classes": train.classes,
+                              "encoding": encoding}
     if validation_fraction:
         header["validation_fraction"] = validation_fraction
     manifest = load_manifest(output_dir, header)
