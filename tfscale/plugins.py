@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import input_pipelines
@@ -47,14 +48,15 @@ def validate_names(config: TrainConfig) -> None:
                          "multiworker, ddl)")
 
 
+HOROVOD_ONLY = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms")
+
+
 def _warn_unused_horovod_knobs(config: TrainConfig, launcher: str) -> None:
     """Warns when Horovod's communication flags are given to a strategy that ignores them."""
     if launcher == "horovod":
         return
-    given = [f"--{name}" for name, unset in (("fp16_allreduce", False),
-                                             ("fusion_threshold_mb", -1.0),
-                                             ("cycle_time_ms", -1.0))
-             if getattr(config, name) != unset]
+    given = [f"--{field.name}" for field in dataclasses.fields(config)
+             if field.name in HOROVOD_ONLY and getattr(config, field.name) != field.default]
     if given:
         warnings.warn(f"{', '.join(given)} only affect Horovod-based strategies (horovod, ddl); "
                       f"--strategy={config.strategy} ignores them", stacklevel=2)
