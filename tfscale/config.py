@@ -19,6 +19,9 @@ LR_SCHEDULES = ("constant", "cosine", "step", "polynomial")
 OPTIMIZERS = ("sgd", "nesterov", "adamw", "lamb", "lars", "larc")
 LARC_MODES = ("clip", "scale")
 COLLECTIVES = ("auto", "ring", "nccl")
+AUGMENTS = ("auto", "imagenet", "small", "flip", "none")
+FLIP_MODES = ("auto", "on", "off")
+NORMALIZATIONS = ("auto", "imagenet", "dataset", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,15 @@ class TrainConfig:
     stage_dir: str = ""
     skip_corrupt: bool = False
     record_sharding: bool = False
+    # Preprocessing (image classification; flips also for segmentation).
+    augment: str = "auto"
+    horizontal_flip: str = "auto"
+    eval_crop_fraction: float = 0.0
+    normalization: str = "auto"
+    # Evaluation and the training target.
+    eval_every: int = 0
+    eval_only: bool = False
+    target_metric: str = ""
     # Optimisation.
     optimizer: str = "sgd"
     learning_rate: float = 0.1
@@ -146,6 +158,9 @@ def validate(cfg: TrainConfig) -> None:
         ("optimizer", OPTIMIZERS),
         ("larc_mode", LARC_MODES),
         ("collective", COLLECTIVES),
+        ("augment", AUGMENTS),
+        ("horizontal_flip", FLIP_MODES),
+        ("normalization", NORMALIZATIONS),
     ):
         _choice(cfg, name, choices)
     for name in ("num_processes", "batch_size", "epochs", "image_size", "input_channels",
@@ -155,7 +170,7 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every", "cpu_replicas",
                  "ddl_local_size", "intra_op_threads", "inter_op_threads", "prefetch",
                  "shuffle_buffer", "weight_decay", "momentum", "collective_timeout_s",
-                 "label_smoothing", "lars_eta"):
+                 "label_smoothing", "lars_eta", "eval_every"):
         _at_least(cfg, name, 0)
     if not cfg.learning_rate > 0:
         raise ValueError(f"--learning_rate={cfg.learning_rate} is not valid; expected > 0")
@@ -167,6 +182,9 @@ def validate(cfg: TrainConfig) -> None:
                          "each epoch needs at least one step")
     if cfg.warmup_steps and cfg.steps and cfg.warmup_steps > cfg.steps:
         raise ValueError(f"--warmup_steps={cfg.warmup_steps} exceeds --steps={cfg.steps}")
+    if not 0 <= cfg.eval_crop_fraction <= 1:
+        raise ValueError(f"--eval_crop_fraction={cfg.eval_crop_fraction} is not valid; expected "
+                         "a fraction of the shorter side in (0, 1], or 0 for the dataset's default")
     if cfg.label_smoothing >= 1:
         raise ValueError(f"--label_smoothing={cfg.label_smoothing} must be in [0, 1)")
     if cfg.lr_schedule == "step" and not cfg.decay_boundaries:

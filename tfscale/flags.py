@@ -37,6 +37,24 @@ HELP: dict[str, str] = {
     "skip_corrupt": "Skip corrupt files/records (and report how many) instead of failing.",
     "record_sharding": "Shard by record instead of by file (when there are fewer files than "
     "workers).",
+    "augment": "Training augmentation of image classification data. imagenet: random-resized "
+    "crop (8-100% of the area) + flip; small: pad by 1/8 of the side and random crop + flip (the "
+    "CIFAR recipe); flip: flip only; none: the whole image. auto: imagenet for --image_size >= "
+    "128, else small without flip.",
+    "horizontal_flip": "Random left-right flips in training (augment modes imagenet, small, flip; "
+    "segmentation). auto: on, except for --augment=auto on images < 128 px (a mirror changes a "
+    "digit or a letter).",
+    "eval_crop_fraction": "Evaluation central crop as a fraction of the shorter side (0.875 = "
+    "224 of 256); 0 = auto: 0.875 for --image_size >= 128, else 1.0 (the whole image).",
+    "normalization": "Pixel normalization. imagenet: ImageNet mean/std; dataset: the training "
+    "data's per-channel mean/std from the converter's manifest.json or stats.json; none: pixels "
+    "/ 255. auto: dataset when those statistics exist, else imagenet.",
+    "eval_every": "Also evaluate on the whole validation split every N steps (0 = at the end of "
+    "each epoch only).",
+    "eval_only": "Evaluate the newest checkpoint in --model_dir on the validation split, without "
+    "training.",
+    "target_metric": "Stop when a reported metric reaches a value: NAME:VALUE[:min|max], e.g. "
+    "val_accuracy:0.95 (direction: min for losses, max otherwise).",
     "optimizer": "Optimizer.",
     "learning_rate": "Base learning rate (for the reference batch before --lr_scaling).",
     "momentum": "Momentum (SGD/Nesterov/LARS/LARC) or beta_1 (AdamW/LAMB).",
@@ -85,6 +103,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": cfg_mod.OPTIMIZERS,
     "larc_mode": cfg_mod.LARC_MODES,
     "collective": cfg_mod.COLLECTIVES,
+    "augment": cfg_mod.AUGMENTS,
+    "horizontal_flip": cfg_mod.FLIP_MODES,
+    "normalization": cfg_mod.NORMALIZATIONS,
 }
 
 FIELDS = [f for f in dataclasses.fields(TrainConfig)]
