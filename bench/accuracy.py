@@ -8,7 +8,8 @@ defaults for 32-px images), exact evaluation of the whole validation split after
 
 Runs, each in a fresh ``model_dir``:
 
-- ``keras``: plain Keras ``model.fit`` of the same model on the same split (:mod:`bench.accuracy_keras`);
+- ``keras``: plain Keras ``model.fit`` of the same model on the same split
+  (:mod:`bench.accuracy_keras`);
 - ``default``, ``mirrored`` (2 CPU replicas), ``horovod``, ``multiworker`` and ``ddl`` (2 local
   workers each): the same global batch (32) and hyper-parameters;
 - ``horovod x2, 2x batch``: 2 workers at a global batch of 64 with ``--lr_scaling=linear`` and the
@@ -27,7 +28,6 @@ About 15 minutes on 2 cores. Needs scikit-learn (requirements-dev.txt) and Horov
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +35,7 @@ from typing import Any
 
 from bench.common import ROOT, run_script, save, table, train
 from bench.digits import prepare
+from tfscale.precision import cpu_info
 
 PLOT = ROOT / "docs" / "accuracy" / "accuracy.png"
 BASE_LR = 0.05
@@ -56,18 +57,9 @@ RUNS: dict[str, tuple[list[str], int, list[str]]] = {
 
 def cpu_description() -> str:
     """The CPU model and its vector/bf16 instruction-set flags (figures depend on them)."""
-    model, flags = platform.processor() or platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = " ".join(sorted(f for f in have if f.startswith(("avx", "amx", "fma"))))
-                break
-    except OSError:
-        pass
-    return f"{model} ({flags})" if flags else model
+    model, flags = cpu_info()
+    wide = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
+    return f"{model} ({wide})" if wide else model
 
 
 def tfscale_run(name: str, data_dir: Path, epochs: int) -> dict[str, Any]:
