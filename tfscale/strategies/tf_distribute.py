@@ -58,9 +58,9 @@ class TFDistributeStrategy(Strategy):
         if op not in _REDUCERS:
             raise ValueError(f"all_reduce op {op!r}; expected one of {sorted(_REDUCERS)}")
         rows = self._gather(np.asarray(values, dtype=np.float64).reshape(-1))
-        if op == "mean":
-            # Each process contributes once, whatever its number of local replicas.
-            rows = rows[:: self.replicas_in_process]
+        # Each process contributes once, whatever its number of local replicas (a sum over
+        # every replica's copy would count a process's values once per local replica).
+        rows = rows[:: self.replicas_in_process]
         return np.asarray(_REDUCERS[op](rows, axis=0), dtype=np.float64)
 
     def broadcast(self, values: Sequence[float] | np.ndarray, root: int = 0) -> np.ndarray:
