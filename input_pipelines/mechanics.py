@@ -2,22 +2,23 @@
 
 :func:`batches` turns a worker's files into the batched dataset of the registry's contract:
 
-    for epoch 0, 1, 2, ... (forever):
+    training: for epoch 0, 1, 2, ... (forever); validation: once
         files (training: shuffled with a seed made of config.seed and the epoch)
           -> parallel interleave across files (each yields (global record index, record))
           -> [record-level sharding: keep every count-th record]
           -> parallel map: parse (cheap; with config.cache, cached after the first epoch)
           -> [training: shuffle buffer, seeded by config.seed and the epoch]
       -> parallel map: transform (decode, augment; per-element stateless seeds)
-      -> batch(drop_remainder=True) -> prefetch (AUTOTUNE, or a fixed buffer of
-         ``config.prefetch`` batches to cap memory)
+      -> batch (training: drop_remainder=True; validation: the last batch partial)
+      -> prefetch (AUTOTUNE, or a fixed buffer of ``config.prefetch`` batches to cap memory)
 
 With ``config.deterministic`` the order of elements is fixed and every random choice (file
 order, shuffle buffer, augmentation) follows from ``config.seed`` and the position in the
 stream, so epoch ``e`` sees the same data in every run, every iterator of the dataset yields the
 same stream, and ``dataset.skip(n)`` resumes exactly. Without it, parallel stages may hand out
-elements as they finish, which is faster. Validation data is read in file order, unshuffled, and
-repeats too, so any ``--validation_steps`` works.
+elements as they finish, which is faster. Validation data is read once per iterator, in file
+order, unshuffled and whole, so an evaluation sees each of the worker's examples exactly once
+(:mod:`tfscale.evaluation`); a worker without validation examples gets an empty dataset.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from input_pipelines import report
 from input_pipelines.errors import DataError
 from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
@@ -88,17 +88,16 @@ def batches(files: Sequence[str], counts: Sequence[int], read: Reader, parse: Pa
         batch_size: this process's batch.
 
     Raises:
-        DataError: the files hold no examples for this worker.
+        DataError: the files hold no training examples for this worker.
     """
     total = sum(counts)
     sharded = config.record_sharding and shard.count > 1
     examples = records_of_shard(total, shard) if sharded else total
-    if examples == 0:
+    training = split == "train"
+    if examples == 0 and training:
         where = files[0] if files else config.data_dir
         raise DataError(f"no {split} examples for this worker in {len(files)} file(s) "
                         f"(first: {where})")
-    warn_validation_steps(config, shard, split, batch_size, examples)
-    training = split == "train"
     deterministic = config.deterministic
     firsts = [0, *accumulate(counts)][:-1]
     file_table = (list(files), tf.constant(firsts, tf.int64), tf.constant(list(counts), tf.int64))
@@ -130,24 +129,15 @@ def batches(files: Sequence[str], counts: Sequence[int], read: Reader, parse: Pa
 
     # Each epoch's order is a function of (seed, epoch), so every iterator (a resumed run, a
     # second fit call) sees the same stream.
-    ds = tf.data.Dataset.counter().flat_map(one_epoch)
+    if training:
+        ds = tf.data.Dataset.counter().flat_map(one_epoch)
+    else:
+        ds = one_epoch(tf.constant(0, tf.int64))
     stream = tf.constant(config.seed * 65536 + shard.index, tf.int64)
     ds = ds.enumerate().map(
         lambda k, element: transform(element, tf.stack([stream, k])),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.batch(batch_size, drop_remainder=training)
     ds = ds.prefetch(config.prefetch or tf.data.AUTOTUNE)
     return Batches(ds.with_options(options(config)), examples)
 
-
-def warn_validation_steps(config: TrainConfig, shard: Shard, split: str, batch_size: int,
-                          examples: int) -> None:
-    """Warns when ``--validation_steps`` asks for more batches than the split holds (the
-    validation data then repeats)."""
-    if split != "validation" or not config.validation_steps:
-        return
-    wanted = config.validation_steps * batch_size
-    if wanted > examples:
-        report.warn(shard, f"--validation_steps={config.validation_steps} x batch {batch_size} "
-                           f"= {wanted} examples, but this worker has {examples} validation "
-                           "examples; some are seen more than once per validation")

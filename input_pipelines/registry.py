@@ -8,12 +8,18 @@ A pipeline builder is called once per worker process as
   the process sits on its node (``local_index`` of ``local_count``, for node-local staging).
 - ``split`` is ``"train"`` or ``"validation"``.
 - ``batch_size`` is this process's batch (per-replica batch x replicas in this process).
-- The ``"train"`` dataset repeats forever (the trainer counts steps); batches are
-  ``(images float32 [B,H,W,C], labels int32 [B])`` for classification and
-  ``(images float32 [B,H,W,C], labels int32 [B,H,W])`` for segmentation, with
+- Batches are ``(images float32 [B,H,W,C], labels int32 [B])`` for classification and
+  ``(images float32 [B,H,W,C], labels int32 [B,H,W])`` for segmentation.
+- The ``"train"`` dataset repeats forever (the trainer counts steps), with
   ``drop_remainder=True`` so shapes are static.
-- ``Batches.examples`` is the number of examples of the split this shard sees per epoch, or
-  ``None`` when unbounded (synthetic data).
+- The ``"validation"`` dataset of a finite split is ONE pass over this shard's examples in a
+  fixed order, each exactly once, the last batch partial (no ``drop_remainder``); it is empty
+  for a shard without validation examples (every worker still takes part in the evaluation's
+  all-reduce). Evaluation (:mod:`tfscale.evaluation`) reads it whole, or at most
+  ``--validation_steps`` batches when that is > 0. Unbounded validation data (``synthetic``)
+  may repeat, with ``examples=None``; it is evaluated only with ``--validation_steps``.
+- ``Batches.examples`` is the number of examples of the split this shard sees per epoch (per
+  pass, for validation), or ``None`` when unbounded (synthetic data).
 """
 
 from __future__ import annotations

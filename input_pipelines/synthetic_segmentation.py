@@ -4,8 +4,9 @@ Samples come from :mod:`input_pipelines.synthetic_fields` (multi-channel fields,
 background class and rare, small, spatially coherent objects), as a pure function of the run's
 seed, the worker, the split and the sample's index, so no files are read and each worker reads
 its own samples. The training split is endless; the validation split is a fixed set of
-``batch_size x max(1, validation_steps)`` samples, repeated, so every evaluation sees the same
-samples. ``--image_size``, ``--input_channels`` and ``--num_classes`` shape the samples.
+``batch_size x max(1, validation_steps)`` samples, read once per evaluation (the registry's
+contract), so every evaluation sees the same samples. ``--image_size``, ``--input_channels``
+and ``--num_classes`` shape the samples.
 """
 
 from __future__ import annotations
@@ -29,6 +30,6 @@ def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batche
         dataset, examples = samples(base, size, size, channels, classes), None
     else:
         examples = batch_size * max(1, cfg.validation_steps)
-        dataset = samples(base, size, size, channels, classes, examples).cache().repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=True)
+        dataset = samples(base, size, size, channels, classes, examples).cache()
+    dataset = dataset.batch(batch_size, drop_remainder=split == "train")
     return Batches(dataset.prefetch(cfg.prefetch or tf.data.AUTOTUNE), examples)

@@ -94,11 +94,11 @@ def test_deterministic_order_depends_on_seed_and_epoch_and_resumes_with_skip(tmp
                                                                              strict=True))
 
 
-def test_validation_is_in_file_order_and_repeats(tmp_path):
+def test_validation_is_one_pass_in_file_order(tmp_path):
     every = write_ids(tmp_path, files=2, per_file=3)
     got, examples = ids(every, [3, 3], Shard(), 12, split="validation")
     assert examples == 6
-    assert got == [0, 3, 1, 4, 2, 5] * 2  # interleaved across the two files, unshuffled
+    assert got == [0, 3, 1, 4, 2, 5]  # interleaved across the two files, unshuffled, once
 
 
 def test_cache_and_fixed_prefetch_give_the_same_stream(tmp_path):
@@ -123,12 +123,29 @@ def test_batches_are_static_and_options_are_set(tmp_path):
     assert opts.experimental_distribute.auto_shard_policy == off
 
 
-def test_validation_steps_beyond_the_data_warn(tmp_path, capsys):
-    every = write_ids(tmp_path, files=1, per_file=4)
-    cfg = config("unused", "imagenet", validation_steps=3)
-    mechanics.batches(every, [4], mechanics.read_tfrecords, parse, transform, cfg, Shard(),
-                      "validation", batch_size=2)
-    assert "--validation_steps=3 x batch 2 = 6 examples" in capsys.readouterr().err
+@pytest.mark.parametrize("record_sharding", [False, True])
+def test_uneven_validation_shards_keep_a_partial_last_batch(tmp_path, record_sharding):
+    every = write_ids(tmp_path, files=3, per_file=5)
+    seen = []
+    for shard in SHARDS_2:
+        cfg = config("unused", "imagenet", record_sharding=record_sharding)
+        mine = every if record_sharding else every[shard.index::2]
+        batches = mechanics.batches(mine, [5] * len(mine), mechanics.read_tfrecords, parse,
+                                    transform, cfg, shard, "validation", batch_size=4)
+        sizes = [len(y) for _, y in batches.dataset.as_numpy_iterator()]
+        assert sum(sizes) == batches.examples and sizes[-1] == (batches.examples - 1) % 4 + 1
+        seen += [int(i) for _, y in batches.dataset.as_numpy_iterator() for i in y]
+    assert sorted(seen) == list(range(15))  # 10 + 5 or 8 + 7: each example exactly once
+
+
+def test_a_worker_without_validation_examples_gets_an_empty_dataset(tmp_path):
+    every = write_ids(tmp_path, files=1, per_file=1)
+    cfg = config("unused", "imagenet", record_sharding=True)
+    args = (every, [1], mechanics.read_tfrecords, parse, transform, cfg, Shard(1, 2))
+    batches = mechanics.batches(*args, "validation", batch_size=4)
+    assert batches.examples == 0 and list(batches.dataset.as_numpy_iterator()) == []
+    with pytest.raises(DataError, match="no train examples"):
+        mechanics.batches(*args, "train", batch_size=4)
 
 
 def test_split_layouts(tmp_path):
