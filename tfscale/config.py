@@ -193,3 +193,11 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError("--ddl_local_size only applies to --strategy=ddl")
     if cfg.cpu_replicas and cfg.strategy != "mirrored":
         raise ValueError("--cpu_replicas only applies to --strategy=mirrored")
+    if cfg.target_metric:
+        # Its form and direction here; its metric name, which depends on the model's task,
+        # in tfscale.plugins.validate_names. Imported here: targets imports this module.
+        from tfscale.targets import parse_target
+
+        parse_target(cfg.target_metric)
+        if cfg.eval_only:
+            raise ValueError("--target_metric does not apply to --eval_only (nothing is trained)")

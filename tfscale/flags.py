@@ -28,7 +28,9 @@ HELP: dict[str, str] = {
     "input_channels": "Channels of the input (3 for RGB, 16 for climate data).",
     "num_classes": "Number of classes.",
     "data_dir": "Directory or glob of the dataset's files.",
-    "validation_steps": "Validation batches per epoch (0 = no validation).",
+    "validation_steps": "Evaluate on at most N validation batches per worker (needed for "
+    "synthetic data); 0 = the whole validation split when --data_dir has one, else no "
+    "evaluation.",
     "shuffle_buffer": "Records in the shuffle buffer (0 = no record shuffling).",
     "prefetch": "Batches to prefetch (0 = AUTOTUNE).",
     "cache": "Cache decoded records in memory after the first epoch.",

@@ -10,6 +10,7 @@ import models
 from input_pipelines.class_weights import parse_class_weights
 from tfscale.config import TrainConfig
 from tfscale.strategies import STRATEGIES, load_plugins
+from tfscale.targets import check_evaluation
 
 
 def describe_all() -> str:
@@ -24,7 +25,8 @@ def describe_all() -> str:
 
 
 def validate_names(config: TrainConfig) -> None:
-    """Checks that the model, dataset and strategy exist and fit together.
+    """Checks that the model, dataset and strategy exist and fit together, and that the
+    evaluation flags and ``--target_metric`` fit what the run reports.
 
     Raises:
         ValueError: naming the bad value and the valid choices.
@@ -40,6 +42,7 @@ def validate_names(config: TrainConfig) -> None:
                          f"--dataset={config.dataset} is {data_task} data; use one of: "
                          f"{', '.join(fitting)}")
     parse_class_weights(config.class_weights, config.num_classes)
+    check_evaluation(config, model_task)
     _warn_unused_horovod_knobs(config, strategy.launcher)
     strategy.check_environment()
     if config.num_processes > 1 and not strategy.launcher:

@@ -37,10 +37,28 @@ def summary(results: dict[str, Any]) -> str:
         ("step time", f"{results['step_time_ms']:.1f} ms"),
         ("final loss", f"{results['final_loss']:.4f}"),
     ]
+    if "train_seconds" in results:
+        rows.append(("training time", f"{results['train_seconds']:.1f} s"))
+    if results.get("evaluations"):
+        last = results["evaluations"][-1]
+        rows.append(("evaluations", f"{len(results['evaluations'])} (last: step {last['step']}, "
+                                    f"{last['examples']} examples)"))
+    if results.get("target"):
+        rows.append(("target", describe_target(results["target"])))
     rows += [(k, f"{v:.4f}") for k, v in sorted(results.get("metrics", {}).items())
              if k not in ("loss", "images_per_sec", "step_time_ms")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["== tfscale summary =="] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def describe_target(target: dict[str, Any]) -> str:
+    """One line: the target and when it was reached (time to accuracy), or that it was not."""
+    sign = "<=" if target["direction"] == "min" else ">="
+    goal = f"{target['metric']} {sign} {target['value']:g}"
+    if not target["reached"]:
+        return f"{goal}: not reached"
+    return (f"{goal}: reached ({target['achieved']:.4g}) at step {target['step']}, "
+            f"epoch {target['epoch']:g}, after {target['seconds']:.1f} s")
 
 
 @rank_zero.rank_zero_only

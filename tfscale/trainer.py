@@ -4,6 +4,12 @@ Steps are counted by the optimizer's ``iterations``, which is checkpointed, so a
 with the same ``model_dir`` continues at the step it reached. Keras counts in epochs, so the
 remaining steps are split into ``fit`` calls (:func:`plan_segments`): a partial epoch first
 when resuming mid-epoch, then whole epochs.
+
+Evaluation is not Keras' ``validation_data``: the :class:`~tfscale.callbacks.Evaluation`
+callback runs :class:`~tfscale.evaluation.Evaluator` (exact, over the whole validation split of
+all workers) every ``--eval_every`` steps and at each epoch end, before the callbacks that read
+the epoch logs. The chief appends the run's milestones to ``model_dir/events.jsonl``
+(:mod:`tfscale.events`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +27,12 @@ import tensorflow as tf
 import input_pipelines
 import models
 from tfscale import callbacks as cbs
-from tfscale import cpu_binding, rank_zero, results
+from tfscale import cpu_binding, rank_zero, results, targets
 from tfscale.checkpointing import CheckpointManager
 from tfscale.config import TrainConfig
 from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
+from tfscale.evaluation import EvaluationSummaries, Evaluator
+from tfscale.events import EventLog
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
 from tfscale.optimizers import build_optimizer
@@ -93,7 +102,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
     configure_runtime(config)
     with running(create(config)) as strategy:
         rank_zero.set_rank(strategy.rank)
-        return Trainer(config, strategy).train()
+        trainer = Trainer(config, strategy)
+        return trainer.evaluate_only() if config.eval_only else trainer.train()
 
 
 class Trainer:
@@ -105,11 +115,25 @@ class Trainer:
         self.model_dir = Path(config.model_dir)
         self.global_batch = config.batch_size * strategy.num_replicas
         self.task = models.task_of(config.model)
+        self.target = targets.check_evaluation(config, self.task)
+        self.events = EventLog(self.model_dir / "events.jsonl")
 
     def _data(self, split: str) -> input_pipelines.Batches:
         build = input_pipelines.PIPELINES.get(self.config.dataset)
         per_process = self.config.batch_size * self.strategy.replicas_in_process
         return build(self.config, self.strategy.shard(), split, per_process)
+
+    def _evaluator(self) -> Evaluator | None:
+        """The evaluation of this run, or None when it has no validation data."""
+        cfg = self.config
+        if not targets.evaluation_enabled(cfg):
+            return None
+        validation = self._data("validation")
+        if validation.examples is None and not cfg.validation_steps:
+            raise ValueError(f"--dataset={cfg.dataset} has unbounded validation data; give "
+                             "--validation_steps > 0 to evaluate on that many batches")
+        return Evaluator(validation.dataset, cfg.validation_steps, build_loss(cfg, self.task),
+                         self.task, cfg.num_classes, self.strategy)
 
     def _total_steps(self, train: input_pipelines.Batches) -> tuple[int, int]:
         cfg = self.config
@@ -140,25 +164,46 @@ class Trainer:
         self.strategy.prepare_model(model)
         return model
 
-    def _callbacks(self, manager: CheckpointManager, total: int) -> dict[str, Any]:
+    def _callbacks(self, manager: CheckpointManager, total: int, steps_per_epoch: int,
+                   evaluator: Evaluator | None, start_time: float) -> dict[str, Any]:
         cfg = self.config
-        named: dict[str, Any] = {
-            "guard": cbs.TrainingGuard(self.strategy),
-            "checkpoint": cbs.Checkpoint(manager, cfg.checkpoint_every),
-            "progress": cbs.ProgressLogger(total, cfg.log_every, self.global_batch),
-        }
+        # Last, so that each measured step includes the other callbacks' work.
+        meter = cbs.ThroughputMeter(self.global_batch)
+        named: dict[str, Any] = {"guard": cbs.TrainingGuard(self.strategy)}
+        # Evaluation and the target check come after the guard (no evaluation of a stopped
+        # step) and before the callbacks that read the epoch logs.
+        if evaluator is not None:
+            listeners = [self._log_evaluation, lambda _: meter.exclude_current_step()]
+            if cfg.tensorboard and self.strategy.is_chief:
+                listeners.append(EvaluationSummaries(self.model_dir / "tensorboard" / "evaluation"))
+            named["evaluation"] = cbs.Evaluation(evaluator.evaluate, cfg.eval_every,
+                                                 steps_per_epoch, start_time, listeners)
+        if self.target is not None:
+            named["target"] = cbs.TargetStop(
+                self.target, self.strategy, start_time,
+                [lambda result: self.events.emit("target_reached", **result)])
+            if evaluator is not None:
+                named["evaluation"].listeners.append(named["target"].check_record)
+        named["events"] = cbs.EpochEvents(self.events)
+        named["checkpoint"] = cbs.Checkpoint(manager, cfg.checkpoint_every)
+        named["progress"] = cbs.ProgressLogger(total, cfg.log_every, self.global_batch)
         if cfg.tensorboard and self.strategy.is_chief:
             named["tensorboard"] = keras.callbacks.TensorBoard(
                 str(self.model_dir / "tensorboard"), write_graph=False)
-        # Last, so that each measured step includes the other callbacks' work.
-        named["meter"] = cbs.ThroughputMeter(self.global_batch)
+        named["meter"] = meter
         return named
+
+    def _log_evaluation(self, record: dict[str, Any]) -> None:
+        self.events.emit("eval", **record)
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in sorted(record["metrics"].items()))
+        rank_zero.log(f"evaluation at step {record['step']} ({record['examples']} examples): "
+                      f"{shown}")
 
     def train(self) -> dict[str, Any]:
         """Runs the remaining steps and returns (and, on the chief, writes) the results."""
         cfg, strategy = self.config, self.strategy
         train = self._data("train")
-        validation = self._data("validation") if cfg.validation_steps else None
+        evaluator = self._evaluator()
         total, steps_per_epoch = self._total_steps(train)
         model = self._build(total)
         variables = list(model.weights) + list(model.optimizer.variables)
@@ -172,7 +217,37 @@ class Trainer:
         rank_zero.log(f"{strategy.describe()}; global batch {self.global_batch} "
                       f"({cfg.batch_size} per replica); steps {start}->{total}; "
                       f"model_dir {self.model_dir}")
-        named = self._callbacks(manager, total)
+        start_time = time.time()
+        self.events.emit("run_start", model=cfg.model, dataset=cfg.dataset,
+                         strategy=cfg.strategy, num_workers=strategy.size,
+                         global_batch_size=self.global_batch, first_step=start,
+                         total_steps=total, evaluation=evaluator is not None,
+                         target_metric=cfg.target_metric)
+        named = self._callbacks(manager, total, steps_per_epoch, evaluator, start_time)
+        status = "failed"
+        try:
+            logs = self._fit(model, named, train, start, total, steps_per_epoch)
+            train_seconds = time.time() - start_time
+            named["checkpoint"].save(logs)
+            out = self._finish(model, named, start, logs, train_seconds)
+            status = "target_reached" if out.get("target", {}).get("reached") else "success"
+            return out
+        except TrainingStopped as err:
+            status = {EXIT_NON_FINITE: "non_finite", EXIT_PREEMPTED: "preempted"}.get(
+                err.exit_code, "failed")
+            raise
+        finally:
+            self.events.emit("run_stop", status=status,
+                             step=int(model.optimizer.iterations.numpy()))
+
+    def _fit(self, model: keras.Model, named: dict[str, Any], train: input_pipelines.Batches,
+             start: int, total: int, steps_per_epoch: int) -> dict[str, Any]:
+        """The ``fit`` calls of steps ``[start, total)``; returns the last epoch's logs.
+
+        Raises:
+            TrainingStopped: when the guard stopped training.
+        """
+        cfg, strategy = self.config, self.strategy
         callback_list = strategy.callbacks() + list(named.values())
         logs: dict[str, Any] = {}
         for segment in plan_segments(start, total, steps_per_epoch):
@@ -182,15 +257,12 @@ class Trainer:
             history = model.fit(
                 strategy.distribute_dataset(dataset), initial_epoch=segment.initial_epoch,
                 epochs=segment.epochs, steps_per_epoch=segment.steps_per_epoch,
-                validation_data=validation.dataset if validation else None,
-                validation_steps=cfg.validation_steps or None,
                 callbacks=callback_list, verbose=0, shuffle=False)
             logs = {k: v[-1] for k, v in history.history.items() if v}
-            if named["guard"].reason:
+            if named["guard"].reason or ("target" in named and named["target"].result):
                 break
         self._stop_if_guarded(named, logs)
-        named["checkpoint"].save(logs)
-        return self._finish(model, named, start, logs)
+        return logs
 
     def _stop_if_guarded(self, named: dict[str, Any], logs: dict[str, Any]) -> None:
         guard = named["guard"]
@@ -207,9 +279,13 @@ class Trainer:
                 "command to resume", EXIT_PREEMPTED)
 
     def _finish(self, model: keras.Model, named: dict[str, Any], start: int,
-                logs: dict[str, Any]) -> dict[str, Any]:
+                logs: dict[str, Any], train_seconds: float) -> dict[str, Any]:
         cfg, strategy, meter = self.config, self.strategy, named["meter"]
-        final_loss = float(strategy.all_reduce([named["progress"].window_loss])[0])
+        # The loss of the last logged window, or of the epoch when training stopped before
+        # the first log line (a target reached early).
+        window = named["progress"].window_loss
+        last = window if math.isfinite(window) else float(logs.get("loss", math.nan))
+        final_loss = float(strategy.all_reduce([last])[0])
         step = int(model.optimizer.iterations.numpy())
         out = {
             "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
@@ -219,10 +295,45 @@ class Trainer:
             "images_per_sec_per_worker": meter.images_per_sec / strategy.size,
             "step_time_ms": meter.step_time_ms, "final_loss": final_loss,
             "metrics": {k: float(v) for k, v in logs.items()}, "config": cfg.to_dict(),
+            "train_seconds": train_seconds,
+            "evaluations": named["evaluation"].records if "evaluation" in named else [],
         }
+        if self.target is not None:
+            not_reached = {"metric": self.target.metric, "value": self.target.value,
+                           "direction": self.target.direction, "achieved": None, "step": None,
+                           "epoch": None, "seconds": None}
+            reached = named["target"].result
+            out["target"] = {**(reached or not_reached), "reached": reached is not None}
         if strategy.is_chief:
             save_model(model, self.model_dir / "model.keras")
         results.publish(out, str(self.model_dir))
+        return out
+
+
+    def evaluate_only(self) -> dict[str, Any]:
+        """Evaluates the newest checkpoint in ``model_dir``; the chief writes eval.json.
+
+        Raises:
+            ValueError: when ``model_dir`` holds no checkpoint.
+        """
+        cfg = self.config
+        manager = CheckpointManager(self.model_dir / "checkpoints", cfg.keep_checkpoints)
+        if not manager.steps():
+            raise ValueError(f"--eval_only: no checkpoint in --model_dir={self.model_dir} "
+                             f"(looked in {manager.directory}); train into it first")
+        evaluator = self._evaluator()
+        if evaluator is None:  # excluded by check_evaluation; kept for direct callers
+            raise ValueError("--eval_only needs validation data")
+        model = self._build(cfg.steps or 1)
+        meta = manager.restore(list(model.weights) + list(model.optimizer.variables)) or {}
+        metrics, examples = evaluator.evaluate(model)
+        out = {"model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
+               "num_workers": self.strategy.size, "step": int(meta.get("step", 0)),
+               "examples": examples, "metrics": metrics, "config": cfg.to_dict()}
+        if self.strategy.is_chief:
+            results.write_json_atomic(self.model_dir / "eval.json", out)
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+        rank_zero.log(f"evaluation of step {out['step']} ({examples} examples): {shown}")
         return out
 
 

@@ -4,12 +4,15 @@ from tfscale.callbacks.broadcast import BroadcastInitialState
 from tfscale.callbacks.checkpoint import Checkpoint
 from tfscale.callbacks.chief_only import ChiefOnly
 from tfscale.callbacks.ddl import DDLGlobalVariablesBroadcast, DDLMetricSync, check_ddl_order
+from tfscale.callbacks.evaluation import Evaluation
+from tfscale.callbacks.events import EpochEvents
 from tfscale.callbacks.guard import TrainingGuard
 from tfscale.callbacks.metric_average import MetricAverage
 from tfscale.callbacks.progress import ProgressLogger
+from tfscale.callbacks.target import TargetStop
 from tfscale.callbacks.throughput import ThroughputMeter
 from tfscale.callbacks.warmup import LearningRateWarmup
 
 __all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "DDLGlobalVariablesBroadcast",
-           "DDLMetricSync", "LearningRateWarmup", "MetricAverage", "ProgressLogger",
-           "ThroughputMeter", "TrainingGuard", "check_ddl_order"]
+           "DDLMetricSync", "EpochEvents", "Evaluation", "LearningRateWarmup", "MetricAverage",
+           "ProgressLogger", "TargetStop", "ThroughputMeter", "TrainingGuard", "check_ddl_order"]

@@ -24,6 +24,10 @@ class ThroughputMeter(keras.callbacks.Callback):
         self.steps = 0
         self._last: float | None = None
 
+    def exclude_current_step(self) -> None:
+        """Leaves the step now ending out of the measurement (e.g. an evaluation ran in it)."""
+        self._last = None
+
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._last = None
 
