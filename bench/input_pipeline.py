@@ -39,6 +39,7 @@ from bench.common import run_script, save, table  # noqa: E402
 from input_pipelines import PIPELINES, folder_to_tfrecord, imagenet  # noqa: E402
 from input_pipelines.files import split_files  # noqa: E402
 from input_pipelines.image_preprocessing import classification_transform  # noqa: E402
+from input_pipelines.preprocessing_choice import preprocessing_for  # noqa: E402
 from input_pipelines.registry import Shard  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
 
@@ -84,7 +85,7 @@ def naive(config: TrainConfig, rewrites: bool) -> tf.data.Dataset:
     ``map`` and ``batch``. Unless ``rewrites``, tf.data's default rewrites that parallelize
     it behind the user's back are off, so nothing is overlapped."""
     files = split_files(config.data_dir, "train")
-    transform = classification_transform(config.image_size, 3, config.num_classes, "train")
+    transform = classification_transform(config, "train", preprocessing_for(config))
     seed = tf.constant(config.seed, tf.int64)
     ds = tf.data.TFRecordDataset(files).map(imagenet.parse).repeat().enumerate()
     ds = ds.map(lambda k, e: transform(e, tf.stack([seed, k])))

@@ -8,7 +8,9 @@ folder, ``--validation_fraction`` holds out that fraction of each class), shuffl
 with ``--seed`` and writes balanced shards of ``tf.train.Example`` records (``image/encoded``,
 ``image/format``, ``image/class/label``, ``image/class/text``, ``image/height``, ``image/width``,
 ``image/filename``) plus ``manifest.json``, for ``--dataset=imagenet``. Every image is decoded
-once on the way: one that does not decode stops the conversion naming it. ``--encoding=jpeg``
+on the way: one that does not decode stops the conversion naming it. The training images' pixel
+statistics (per-channel mean and standard deviation, 0-255, decoded to RGB and to grayscale) go
+into the manifest's ``pixel_stats`` for ``--normalization=dataset``. ``--encoding=jpeg``
 (default) keeps JPEG files byte for byte and re-encodes other formats as JPEG;
 ``--encoding=keep`` stores every file's bytes as they are (lossless for PNG). Re-running resumes:
 finished shards whose inputs are unchanged are verified by checksum and skipped.
@@ -23,10 +25,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from input_pipelines.errors import DataError
 from input_pipelines.image_files import ImageFolder, check_signature, list_images
+from input_pipelines.manifest import MANIFEST, write_json_atomic
+from input_pipelines.preprocessing_choice import STATS_KEY
 from input_pipelines.report import Progress
 from input_pipelines.shard_writer import (
     converter_parser,
@@ -34,6 +39,7 @@ from input_pipelines.shard_writer import (
     run_converter,
     write_split,
 )
+from input_pipelines.stats import ImageStats
 
 ENCODINGS = ("jpeg", "keep")
 
@@ -45,8 +51,8 @@ def _feature(value: bytes | int) -> tf.train.Feature:
 
 
 def image_example(path: str, label: int, class_name: str, name: str, encoding: str,
-                  quality: int) -> bytes:
-    """The serialized example of the image at ``path``.
+                  quality: int, stats: ImageStats | None = None) -> bytes:
+    """The serialized example of the image at ``path``, adding the pixels stored to ``stats``.
 
     Raises:
         DataError: the image does not decode (naming ``path``).
@@ -58,12 +64,16 @@ def image_example(path: str, label: int, class_name: str, name: str, encoding: s
         image = tf.io.decode_image(encoded, expand_animations=False)
     except tf.errors.OpError as err:
         raise DataError(f"{path}: cannot decode the image: {err.message.splitlines()[0]}") from None
+    stored: np.ndarray | None = image.numpy()  # the pixels the stored bytes decode to
     is_jpeg = bool(tf.io.is_jpeg(encoded))
     if encoding == "jpeg" and not is_jpeg:
         if image.shape[-1] not in (1, 3):  # drop alpha: JPEG has none
             image = image[..., :3] if image.shape[-1] == 4 else image[..., :1]
         encoded = tf.io.encode_jpeg(image, quality=quality).numpy()
         is_jpeg = True
+        stored = None  # the JPEG decodes a little differently: decode it for the statistics
+    if stats is not None:
+        stats.add(encoded, stored)
     kind = "jpeg" if is_jpeg else os.path.splitext(path)[1].lstrip(".").lower()
     features = {
         "image/encoded": _feature(encoded), "image/format": _feature(kind.encode()),
@@ -144,22 +154,31 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
         order = list(range(len(folder.paths)))
         random.Random(seed).shuffle(order)
         items = [(folder.paths[i], folder.labels[i]) for i in order]
+        # Training shards carry pixel statistics; the marker makes shards of converters that
+        # did not keep them be rewritten rather than skipped.
+        marker = "|pixel_stats" if split == "train" else ""
         identities = []
         for path, label in items:
             stat = os.stat(path)
             identities.append(f"{os.path.relpath(path, input_dir)}|{label}|{stat.st_size}|"
-                              f"{stat.st_mtime_ns}|{encoding}|{quality}")
+                              f"{stat.st_mtime_ns}|{encoding}|{quality}{marker}")
 
-        def encode(item: tuple[str, int], _: object, root: str = folder.root,
+        def encode(item: tuple[str, int], stats: ImageStats | None, root: str = folder.root,
                    classes: list[str] = folder.classes) -> tuple[bytes, int, int]:
             path, label = item
             record = image_example(path, label, classes[label], os.path.relpath(path, root),
-                                   encoding, quality)
+                                   encoding, quality, stats)
             return record, label, label
 
         skipped[split] = write_split(output_dir, manifest, split, items, identities,
-                                     min(count, len(items)), encode, None, progress)
+                                     min(count, len(items)), encode,
+                                     ImageStats if split == "train" else None, progress)
     progress.done()
+    training = ImageStats()
+    for shard in manifest["splits"]["train"]["shards"]:
+        training.merge(shard["stats"])
+    manifest[STATS_KEY] = training.summary()
+    write_json_atomic(os.path.join(output_dir, MANIFEST), manifest)
     return skipped
 
 

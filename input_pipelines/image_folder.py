@@ -4,8 +4,10 @@ Layout as in :mod:`input_pipelines.image_files`. Each image file is one record, 
 by image (``--record_sharding`` changes nothing). Before training each worker checks that its
 images look like images (their first bytes), and, when they total at most
 :data:`~input_pipelines.checks.FULL_CHECK_BYTES`, decodes every one; a bad image fails the run
-naming the file, or is skipped and reported with ``--skip_corrupt``. Preprocessing is the
-ImageNet one (:mod:`input_pipelines.image_preprocessing`).
+naming the file, or is skipped and reported with ``--skip_corrupt``. Preprocessing is that of
+the ``imagenet`` dataset (:mod:`input_pipelines.image_preprocessing`); pixel statistics for
+``--normalization=dataset`` come from ``DATA_DIR/stats.json`` (``python -m
+input_pipelines.stats --data_dir DATA_DIR``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from input_pipelines.image_files import (
 from input_pipelines.image_preprocessing import (
     classification_transform,
     decodes,
+    run_preprocessing,
     validate_channels,
 )
 from input_pipelines.registry import Batches, Shard, register
@@ -98,8 +101,8 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
     def parse(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return tf.io.read_file(path), table.lookup(path)
 
-    transform = classification_transform(config.image_size, config.input_channels,
-                                         config.num_classes, split)
+    transform = classification_transform(config, split,
+                                         run_preprocessing(config, shard, split))
     # Images are already sharded one by one: no further record-level sharding.
     return mechanics.batches(paths, [1] * len(paths), read_image_file, parse, transform,
                              config.replace(record_sharding=False), shard, split, batch_size)

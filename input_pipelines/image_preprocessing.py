@@ -1,12 +1,20 @@
-"""Image decoding and augmentation for classification (ImageNet-style).
+"""Image decoding and augmentation for classification.
 
-Training: a random-resized crop (random area 8-100%, aspect ratio 3/4-4/3) chosen from the
-image's header and fused with JPEG decoding (only the crop is decoded), resized to
-``image_size``, and a random horizontal flip. Evaluation: a central crop covering
-``image_size / (image_size + 32)`` of the shorter side (224 of 256), resized to ``image_size``.
-Both end with per-channel normalization. Randomness is stateless: the caller passes each
-image's seed, so the augmentation of an element is a function of its position in the stream.
-Images in other formats (PNG, GIF, BMP) take the same path after a full decode.
+What a run gets is a :class:`~input_pipelines.preprocessing_choice.Preprocessing` (the
+``--augment``, ``--horizontal_flip``, ``--eval_crop_fraction`` and ``--normalization`` flags
+resolved). Training, by augment mode:
+
+- ``imagenet``: a random-resized crop (random area 8-100%, aspect ratio 3/4-4/3) chosen from the
+  image's header and fused with JPEG decoding (only the crop is decoded), resized;
+- ``small``: the whole image resized, padded with black by ``image_size // 8`` on each side, and
+  a random ``image_size`` crop of that (shifts of up to 1/8 of the side, the CIFAR recipe);
+- ``flip`` and ``none``: the whole image resized;
+
+then a random horizontal flip when ``flip`` is on. Evaluation: a central square crop covering
+``eval_crop_fraction`` of the shorter side (fused with JPEG decoding), resized. Both end with
+per-channel ``(pixel - mean) / std``. Randomness is stateless: the caller passes each image's
+seed, so the augmentation of an element is a function of its position in the stream. Images in
+other formats (PNG, GIF, BMP) take the same path after a full decode.
 """
 
 from __future__ import annotations
@@ -16,16 +24,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from input_pipelines import report
 from input_pipelines.checks import checked_labels, non_finite
+from input_pipelines.preprocessing_choice import Preprocessing, preprocessing_for
+from input_pipelines.registry import Shard
+from tfscale.config import TrainConfig
 
-# Per-channel mean and standard deviation of ImageNet pixels scaled to [0, 1].
-MEAN_RGB = (0.485, 0.456, 0.406)
-STDDEV_RGB = (0.229, 0.224, 0.225)
-MEAN_GRAY = (0.449,)
-STDDEV_GRAY = (0.226,)
-EVAL_PADDING = 32
 AREA_RANGE = (0.08, 1.0)
 ASPECT_RANGE = (3 / 4, 4 / 3)
+PAD_DIVISOR = 8  # augment=small pads by image_size // 8 on each side
 
 Window = Callable[[tf.Tensor], tf.Tensor]  # image shape [h, w, c] -> crop window [y, x, h, w]
 
@@ -59,11 +66,11 @@ def per_channel_affine(image: tf.Tensor, scale: Sequence[float],
             + tf.constant(row * np.asarray(offset, np.float32)))
 
 
-def normalize(image: tf.Tensor, channels: int) -> tf.Tensor:
-    """Pixels in [0, 255] -> float32 scaled to [0, 1], minus the ImageNet mean, over its
-    standard deviation (``image`` must have a static width)."""
-    mean, std = (MEAN_RGB, STDDEV_RGB) if channels == 3 else (MEAN_GRAY, STDDEV_GRAY)
-    return per_channel_affine(image, [1 / (255 * s) for s in std],
+def normalize(image: tf.Tensor, preprocessing: Preprocessing) -> tf.Tensor:
+    """Pixels in [0, 255] -> float32 ``(pixel - mean) / std`` per channel, with the mean and
+    deviation of ``preprocessing`` (``image`` must have a static width)."""
+    mean, std = preprocessing.mean, preprocessing.std
+    return per_channel_affine(image, [1 / s for s in std],
                               [-m / s for m, s in zip(mean, std, strict=True)])
 
 
@@ -71,49 +78,66 @@ def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.image.resize(image, [image_size, image_size], method="bilinear", antialias=False)
 
 
-def train_image(encoded: tf.Tensor, seed: tf.Tensor, image_size: int,
-                channels: int) -> tf.Tensor:
-    """Random-resized crop + horizontal flip of an encoded image, normalized.
+def _random_resized_crop(encoded: tf.Tensor, seed: tf.Tensor, channels: int) -> tf.Tensor:
+    def window(shape: tf.Tensor) -> tf.Tensor:
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed,
+            min_object_covered=0.1, aspect_ratio_range=ASPECT_RANGE, area_range=AREA_RANGE,
+            max_attempts=10, use_image_if_no_bounding_boxes=True)
+        return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+    return _decode_window(encoded, window, channels)
+
+
+def train_image(encoded: tf.Tensor, seed: tf.Tensor, image_size: int, channels: int,
+                preprocessing: Preprocessing) -> tf.Tensor:
+    """The augmented training image of ``encoded``, normalized (see the module docstring).
 
     Args:
         encoded: JPEG (or PNG, GIF, BMP) bytes, a scalar string tensor.
         seed: int64 ``[2]`` stateless seed of this element.
         image_size: output height and width.
         channels: 3 (RGB) or 1 (grayscale).
+        preprocessing: the resolved augmentation and normalization.
 
     Returns:
         float32 ``[image_size, image_size, channels]``.
     """
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    shape = [image_size, image_size, channels]
+    if preprocessing.augment == "imagenet":
+        image = _random_resized_crop(encoded, crop_seed, channels)
+    else:
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+    image = tf.ensure_shape(_resize(image, image_size), shape)
+    if preprocessing.augment == "small":
+        pad = image_size // PAD_DIVISOR
+        image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
+        image = tf.image.stateless_random_crop(image, shape, crop_seed)
+    if preprocessing.flip:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    return normalize(image, preprocessing)
 
-    def window(shape: tf.Tensor) -> tf.Tensor:
-        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-            shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=crop_seed,
-            min_object_covered=0.1, aspect_ratio_range=ASPECT_RANGE, area_range=AREA_RANGE,
-            max_attempts=10, use_image_if_no_bounding_boxes=True)
-        return tf.stack([begin[0], begin[1], size[0], size[1]])
 
-    image = _resize(_decode_window(encoded, window, channels), image_size)
-    image = tf.ensure_shape(image, [image_size, image_size, channels])
-    return normalize(tf.image.stateless_random_flip_left_right(image, flip_seed), channels)
-
-
-def eval_image(encoded: tf.Tensor, image_size: int, channels: int) -> tf.Tensor:
-    """Central crop of an encoded image resized to ``image_size``, normalized.
+def eval_image(encoded: tf.Tensor, image_size: int, channels: int,
+               preprocessing: Preprocessing) -> tf.Tensor:
+    """Central crop (``preprocessing.eval_crop_fraction`` of the shorter side) of an encoded
+    image, resized to ``image_size``, normalized.
 
     Returns:
         float32 ``[image_size, image_size, channels]``.
     """
+    fraction = preprocessing.eval_crop_fraction
 
     def window(shape: tf.Tensor) -> tf.Tensor:
         height, width = shape[0], shape[1]
-        fraction = image_size / (image_size + EVAL_PADDING)
         side = tf.cast(fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
         side = tf.maximum(side, 1)
         return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
 
     image = _resize(_decode_window(encoded, window, channels), image_size)
-    return normalize(tf.ensure_shape(image, [image_size, image_size, channels]), channels)
+    image = tf.ensure_shape(image, [image_size, image_size, channels])
+    return normalize(image, preprocessing)
 
 
 def validate_channels(channels: int, dataset: str) -> None:
@@ -123,18 +147,43 @@ def validate_channels(channels: int, dataset: str) -> None:
                          "images decode to 1 (grayscale) or 3 (RGB) channels")
 
 
-def classification_transform(image_size: int, channels: int, num_classes: int,
-                             split: str) -> Callable[[tuple[tf.Tensor, tf.Tensor], tf.Tensor],
-                                                     tuple[tf.Tensor, tf.Tensor]]:
-    """(encoded image, label), seed -> (float32 image, int32 label) for ``split``."""
+_announced: set[Preprocessing] = set()
+
+
+def announce(preprocessing: Preprocessing) -> None:
+    """Prints ``preprocessing`` on stderr, once per process (pipelines are built repeatedly)."""
+    if preprocessing not in _announced:
+        _announced.add(preprocessing)
+        report.note(None, preprocessing.describe())
+
+
+def run_preprocessing(config: TrainConfig, shard: Shard, split: str) -> Preprocessing:
+    """The run's resolved preprocessing, announced by the first worker when it builds its
+    training pipeline.
+
+    Raises:
+        ValueError: see :func:`~input_pipelines.preprocessing_choice.resolve_preprocessing`.
+    """
+    preprocessing = preprocessing_for(config)
+    if split == "train" and shard.index == 0:
+        announce(preprocessing)
+    return preprocessing
+
+
+def classification_transform(config: TrainConfig, split: str, preprocessing: Preprocessing
+                             ) -> Callable[[tuple[tf.Tensor, tf.Tensor], tf.Tensor],
+                                           tuple[tf.Tensor, tf.Tensor]]:
+    """(encoded image, label), seed -> (float32 image, int32 label) for ``split``, at
+    ``config.image_size`` with ``config.input_channels`` channels."""
+    size, channels, num_classes = config.image_size, config.input_channels, config.num_classes
 
     def transform(element: tuple[tf.Tensor, tf.Tensor],
                   seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         encoded, label = element
         if split == "train":
-            image = train_image(encoded, seed, image_size, channels)
+            image = train_image(encoded, seed, size, channels, preprocessing)
         else:
-            image = eval_image(encoded, image_size, channels)
+            image = eval_image(encoded, size, channels, preprocessing)
         return image, checked_labels(label, num_classes)
 
     return transform

@@ -4,9 +4,10 @@ Each record is a ``tf.train.Example`` with ``image/encoded`` (JPEG bytes; PNG al
 ``image/class/label`` (int64 in ``[0, num_classes)``); ``image/height``/``image/width`` may be
 present and are not needed. Shards are ``DATA_DIR/train-*`` and ``DATA_DIR/validation-*``, as
 ``python -m input_pipelines.folder_to_tfrecord`` writes them (with a ``manifest.json``).
-Training applies a random-resized crop fused with JPEG decoding and a horizontal flip;
-evaluation a central crop; both resize to ``--image_size`` and normalize (see
-:mod:`input_pipelines.image_preprocessing`).
+Training augments as ``--augment`` says (the ImageNet random-resized crop, fused with JPEG
+decoding, for large images; pad-and-crop for small ones), evaluation takes a central crop; both
+resize to ``--image_size`` and normalize, with the manifest's pixel statistics when it has them
+(see :mod:`input_pipelines.preprocessing_choice` and :mod:`input_pipelines.image_preprocessing`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from input_pipelines import checks, mechanics
 from input_pipelines.image_preprocessing import (
     classification_transform,
     decodes,
+    run_preprocessing,
     validate_channels,
 )
 from input_pipelines.registry import Batches, Shard, register
@@ -64,7 +66,7 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
     files = worker_files(config, shard, split, scan_tfrecord)
     check_manifest_labels(files, config.num_classes)
     files = check_small(files, config, shard, split)
-    transform = classification_transform(config.image_size, config.input_channels,
-                                         config.num_classes, split)
+    transform = classification_transform(config, split,
+                                         run_preprocessing(config, shard, split))
     return mechanics.batches(files.paths, files.counts, mechanics.read_tfrecords, parse,
                              transform, config, shard, split, batch_size)

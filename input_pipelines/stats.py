@@ -1,13 +1,19 @@
-"""Per-channel normalization statistics of segmentation data, stored beside it as stats.json.
+"""Per-channel normalization statistics of training data, stored beside it as stats.json.
 
     python -m input_pipelines.stats --data_dir /data/climate [--data_key data --label_key labels]
+    python -m input_pipelines.stats --data_dir /data/digits
 
-reads every training sample (HDF5/NumPy files, or the TFRecord shards of
+Segmentation data: reads every training sample (HDF5/NumPy files, or the TFRecord shards of
 ``segmentation_to_tfrecord``) and writes ``DATA_DIR/stats.json``: the per-channel mean and
 standard deviation of the training data, the class frequencies, the sample shapes, the names of
 the data and label datasets, and each file's sample count and label range (validation files
 included), which the pipelines use to check labels against ``--num_classes`` before training.
 The TFRecord converter writes the same file as it converts.
+
+An image folder (class sub-folders, under ``train/`` or directly in ``DATA_DIR``): decodes every
+training image and writes ``pixel_stats`` (per-channel mean and standard deviation in pixel
+units, 0-255, of the images decoded to RGB and to grayscale), what ``--normalization=dataset``
+of the ``image_folder`` dataset uses. ``folder_to_tfrecord`` records the same in its manifest.
 """
 
 from __future__ import annotations
@@ -61,6 +67,42 @@ class ChannelStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {"pixels": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist()}
+
+
+class ImageStats:
+    """:class:`ChannelStats` of images decoded to RGB and to grayscale (``--input_channels`` 3
+    and 1: decoders convert between them, so each is measured as a pipeline would decode it)."""
+
+    CHANNELS = (3, 1)
+
+    def __init__(self) -> None:
+        self.by_channels = {c: ChannelStats(c) for c in self.CHANNELS}
+
+    def add(self, encoded: bytes, decoded: np.ndarray | None = None) -> None:
+        """Adds the pixels of the encoded image ``encoded``; ``decoded`` (its pixels in their
+        own channel count, if already at hand) saves decoding it again for that count."""
+        import tensorflow as tf
+
+        for channels, stats in self.by_channels.items():
+            if decoded is not None and decoded.shape[-1] == channels:
+                stats.add(decoded)
+            else:
+                stats.add(tf.io.decode_image(encoded, channels=channels,
+                                             expand_animations=False).numpy())
+
+    def merge(self, saved: dict[str, Any]) -> None:
+        """Adds statistics saved by :meth:`to_dict` (e.g. another shard's)."""
+        for channels, stats in self.by_channels.items():
+            entry = saved[str(channels)]
+            stats.merge(entry["pixels"], np.array(entry["mean"]), np.array(entry["m2"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {str(c): s.to_dict() for c, s in self.by_channels.items()}
+
+    def summary(self) -> dict[str, Any]:
+        """The ``pixel_stats`` document: per channel count, pixels, mean and std."""
+        return {str(c): {"pixels": s.count, "mean": s.mean.tolist(), "std": s.std.tolist()}
+                for c, s in self.by_channels.items()}
 
 
 def label_range(labels: np.ndarray) -> tuple[int, int]:
@@ -161,22 +203,70 @@ def compute(data_dir: str, data_key: str, label_key: str) -> dict[str, Any]:
     return stats_document(channels, classes, first[1], files, data_key, label_key)
 
 
+def is_image_folder(data_dir: str) -> bool:
+    """True when the training folder of ``data_dir`` (``train/`` or itself) holds sub-folders
+    (classes), which segmentation data never has."""
+    train = os.path.join(data_dir, "train")
+    folder = train if os.path.isdir(train) else data_dir
+    return os.path.isdir(folder) and any(
+        e.is_dir() and not e.name.startswith(".") for e in os.scandir(folder))
+
+
+def compute_images(data_dir: str) -> dict[str, Any]:
+    """Decodes the training images of the image folder ``data_dir``; returns stats.json.
+
+    Raises:
+        DataError: no class folders or images, or an image that does not decode.
+    """
+    import tensorflow as tf
+
+    from input_pipelines.image_files import list_images
+
+    folder = list_images(data_dir, "train")
+    progress = Progress("stats", len(folder.paths),
+                        sum(os.path.getsize(p) for p in folder.paths))
+    stats = ImageStats()
+    for path in folder.paths:
+        with open(path, "rb") as f:
+            encoded = f.read()
+        try:
+            stats.add(encoded)
+        except tf.errors.OpError as err:
+            raise DataError(f"{path}: cannot decode the image: "
+                            f"{err.message.splitlines()[0]}") from None
+        progress.advance(len(encoded), items=1)
+    progress.done()
+    return {"version": 1, "task": "classification", "classes": folder.classes,
+            "images": len(folder.paths), "pixel_stats": stats.summary()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m input_pipelines.stats",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--data_dir", required=True, help="Folder of the segmentation data.")
+    parser.add_argument("--data_dir", required=True,
+                        help="Folder of the segmentation data, or an image folder (class "
+                        "sub-folders, optionally under train/).")
     parser.add_argument("--data_key", default="data", help="Dataset name of the data.")
     parser.add_argument("--label_key", default="labels", help="Dataset name of the labels.")
     args = parser.parse_args(argv)
+    path = os.path.join(args.data_dir, STATS)
     try:
-        document = compute(args.data_dir, args.data_key, args.label_key)
+        if is_image_folder(args.data_dir):
+            document = compute_images(args.data_dir)
+            rgb = document["pixel_stats"]["3"]
+            summary = (f"{document['images']} training images, RGB mean "
+                       f"{np.round(rgb['mean'], 2).tolist()}, std "
+                       f"{np.round(rgb['std'], 2).tolist()} (0-255)")
+        else:
+            document = compute(args.data_dir, args.data_key, args.label_key)
+            summary = (f"{document['samples']} training samples, mean "
+                       f"{np.round(document['mean'], 4).tolist()}, std "
+                       f"{np.round(document['std'], 4).tolist()}")
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    write_json_atomic(os.path.join(args.data_dir, STATS), document)
-    print(f"wrote {os.path.join(args.data_dir, STATS)}: {document['samples']} training samples, "
-          f"mean {np.round(document['mean'], 4).tolist()}, std "
-          f"{np.round(document['std'], 4).tolist()}")
+    write_json_atomic(path, document)
+    print(f"wrote {path}: {summary}")
     return 0
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import PIPELINES, image_preprocessing
+from input_pipelines import PIPELINES, image_preprocessing, preprocessing_choice
+from input_pipelines.preprocessing_choice import Preprocessing, resolve_preprocessing
 from input_pipelines.registry import Shard
 from tests.pipeline_data import (
     ONE,
@@ -20,10 +21,17 @@ from tests.pipeline_data import (
     write_imagenet,
 )
 
-LOW = min((0 - m) / s for m, s in zip(image_preprocessing.MEAN_RGB,
-                                      image_preprocessing.STDDEV_RGB, strict=True))
-HIGH = max((1 - m) / s for m, s in zip(image_preprocessing.MEAN_RGB,
-                                       image_preprocessing.STDDEV_RGB, strict=True))
+MEAN_RGB, STDDEV_RGB = preprocessing_choice.MEAN_RGB, preprocessing_choice.STDDEV_RGB
+LOW = min((0 - m) / s for m, s in zip(MEAN_RGB, STDDEV_RGB, strict=True))
+HIGH = max((1 - m) / s for m, s in zip(MEAN_RGB, STDDEV_RGB, strict=True))
+
+
+def resolved(**overrides: object) -> Preprocessing:
+    """The preprocessing of a 16-pixel run without dataset statistics (ImageNet's)."""
+    return resolve_preprocessing(config("unused", "imagenet", **overrides), None)
+
+
+EVAL = resolved()  # the whole image at 16 px, ImageNet normalization
 
 
 def first_batches(dataset: str, data_dir: Path, split: str, n: int, shard: Shard = ONE,
@@ -43,9 +51,9 @@ def test_shapes_dtypes_and_value_ranges(tmp_path, dataset, split):
         write_image_folder(tmp_path, classes=4, per_class=3, fmt="jpg")
     got, examples = first_batches(dataset, tmp_path, split, 3, image_size=24)
     assert examples == (12 if split == "train" else 6) if dataset == "imagenet" else 12
-    for images, labels in got:
-        assert images.shape == (4, 24, 24, 3) and images.dtype == np.float32
-        assert labels.shape == (4,) and labels.dtype == np.int32
+    for images, labels in got:  # validation ends with a partial batch
+        assert images.shape == (len(labels), 24, 24, 3) and images.dtype == np.float32
+        assert labels.shape in ((4,), (2,)) and labels.dtype == np.int32
         assert LOW - 1e-4 <= images.min() and images.max() <= HIGH + 1e-4
         assert images.std() > 0.3  # normalized, not left in [0, 255] or [0, 1]
         assert set(labels) <= set(range(4))
@@ -55,20 +63,22 @@ def test_training_augments_differently_each_epoch_and_evaluation_does_not(tmp_pa
     write_imagenet(tmp_path, files=1, per_file=4)
     write_imagenet(tmp_path, files=1, per_file=4, split="validation")
     train, _ = first_batches("imagenet", tmp_path, "train", 2, shuffle_buffer=0)
-    assert not np.allclose(train[0][0], train[1][0])  # same records, new crops/flips
+    assert not np.allclose(train[0][0], train[1][0])  # same records, new crops
     assert np.array_equal(train[0][1], train[1][1])
     again, _ = first_batches("imagenet", tmp_path, "train", 2, shuffle_buffer=0)
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(train, again, strict=True))
-    evaluation, _ = first_batches("imagenet", tmp_path, "validation", 2)
-    assert np.array_equal(evaluation[0][0], evaluation[1][0])
+    evaluation, _ = first_batches("imagenet", tmp_path, "validation", 1)
+    evaluation_again, _ = first_batches("imagenet", tmp_path, "validation", 1)
+    assert np.array_equal(evaluation[0][0], evaluation_again[0][0])
 
 
 def test_evaluation_takes_the_central_crop():
     pixels = np.zeros((48, 40, 3), np.uint8)
     pixels[14:34, 10:30] = 255  # white centre 20x20, black border
     for encoder in (tf.io.encode_jpeg, tf.io.encode_png):
-        out = image_preprocessing.eval_image(encoder(pixels), 16, 3).numpy()
-        white = (1 - np.array(image_preprocessing.MEAN_RGB)) / image_preprocessing.STDDEV_RGB
+        out = image_preprocessing.eval_image(encoder(pixels), 16, 3,
+                                             resolved(eval_crop_fraction=16 / 48)).numpy()
+        white = (1 - np.array(MEAN_RGB)) / STDDEV_RGB
         # 16/48 of the 40-pixel side: a 13x13 central window, all white.
         np.testing.assert_allclose(out, np.broadcast_to(white, out.shape), atol=0.05)
 
@@ -77,10 +87,11 @@ def test_random_resized_crop_stays_inside_the_image_and_flips():
     pixels = np.zeros((32, 32, 3), np.uint8)
     pixels[:, 16:] = 255  # left half black, right half white
     encoded = tf.io.encode_jpeg(pixels, quality=100)
-    black = (0 - np.array(image_preprocessing.MEAN_RGB)) / image_preprocessing.STDDEV_RGB
+    black = (0 - np.array(MEAN_RGB)) / STDDEV_RGB
     left_is_black = []
     for k in range(24):
-        out = image_preprocessing.train_image(encoded, tf.constant([3, k], tf.int64), 16, 3)
+        out = image_preprocessing.train_image(encoded, tf.constant([3, k], tf.int64), 16, 3,
+                                              resolved(augment="imagenet"))
         out = out.numpy()
         assert out.shape == (16, 16, 3)
         assert LOW - 1e-4 <= out.min() and out.max() <= HIGH + 1e-4
@@ -103,7 +114,7 @@ def test_png_records_decode_like_the_png(tmp_path):
         with tf.io.TFRecordWriter(str(tmp_path / f"{split}-00000")) as writer:
             writer.write(labeled_example(tf.io.encode_png(pixels).numpy(), 2))
     got, _ = first_batches("imagenet", tmp_path, "validation", 1, batch_size=1, image_size=12)
-    expected = image_preprocessing.eval_image(tf.io.encode_png(pixels), 12, 3).numpy()
+    expected = image_preprocessing.eval_image(tf.io.encode_png(pixels), 12, 3, EVAL).numpy()
     np.testing.assert_array_equal(got[0][0][0], expected)
     assert got[0][1][0] == 2
 
@@ -116,7 +127,7 @@ def test_image_folder_labels_follow_sorted_class_folders(tmp_path):
     paths = [p for p in written if "/validation/" in p]
     assert labels.tolist() == [int(Path(p).parent.name[1:]) for p in paths]
     for row, path in zip(images, paths, strict=True):
-        expected = image_preprocessing.eval_image(tf.io.read_file(path), 16, 3).numpy()
+        expected = image_preprocessing.eval_image(tf.io.read_file(path), 16, 3, EVAL).numpy()
         np.testing.assert_allclose(row, expected, atol=1e-6)
 
 
@@ -143,7 +154,7 @@ def test_two_workers_read_each_record_once(tmp_path, record_sharding):
 @pytest.mark.parametrize("record_sharding", [False, True])
 def test_image_folder_two_workers_split_the_images(tmp_path, record_sharding):
     written = write_image_folder(tmp_path, classes=2, per_class=3)
-    expected = {p: image_preprocessing.eval_image(tf.io.read_file(p), 16, 3).numpy()
+    expected = {p: image_preprocessing.eval_image(tf.io.read_file(p), 16, 3, EVAL).numpy()
                 for p in written if "/validation/" in p}
     seen = []
     for shard in SHARDS_2:

@@ -40,17 +40,19 @@ HELP: dict[str, str] = {
     "record_sharding": "Shard by record instead of by file (when there are fewer files than "
     "workers).",
     "augment": "Training augmentation of image classification data. imagenet: random-resized "
-    "crop (8-100% of the area) + flip; small: pad by 1/8 of the side and random crop + flip (the "
-    "CIFAR recipe); flip: flip only; none: the whole image. auto: imagenet for --image_size >= "
-    "128, else small without flip.",
-    "horizontal_flip": "Random left-right flips in training (augment modes imagenet, small, flip; "
-    "segmentation). auto: on, except for --augment=auto on images < 128 px (a mirror changes a "
-    "digit or a letter).",
+    "crop (8-100% of the area) + flip; small: the whole image resized, padded by 1/8 of the side "
+    "and randomly cropped back + flip (the CIFAR recipe); flip: the whole image resized + flip; "
+    "none: the whole image resized, nothing else. auto: imagenet for --image_size >= 128, else "
+    "small without flip.",
+    "horizontal_flip": "Random left-right flips in training (augment modes imagenet, small, "
+    "flip). auto: on, except for --augment=auto on images < 128 px (a mirror changes a digit or "
+    "a letter).",
     "eval_crop_fraction": "Evaluation central crop as a fraction of the shorter side (0.875 = "
     "224 of 256); 0 = auto: 0.875 for --image_size >= 128, else 1.0 (the whole image).",
     "normalization": "Pixel normalization. imagenet: ImageNet mean/std; dataset: the training "
-    "data's per-channel mean/std from the converter's manifest.json or stats.json; none: pixels "
-    "/ 255. auto: dataset when those statistics exist, else imagenet.",
+    "data's per-channel mean/std from the converter's manifest.json or, for image folders, the "
+    "stats.json of python -m input_pipelines.stats; none: pixels / 255. auto: dataset when "
+    "those statistics exist, else imagenet.",
     "eval_every": "Also evaluate on the whole validation split every N steps (0 = at the end of "
     "each epoch only).",
     "eval_only": "Evaluate the newest checkpoint in --model_dir on the validation split, without "
@@ -73,7 +75,10 @@ HELP: dict[str, str] = {
     "class_weights": "Per-class loss weights: comma-separated numbers or a JSON file written by "
     "input_pipelines.class_weights.",
     "label_smoothing": "Label smoothing for classification.",
-    "precision": "Compute precision (mixed = float16/bfloat16 compute, float32 variables).",
+    "precision": "Compute precision (mixed = float16/bfloat16 compute, float32 variables). auto: "
+    "bfloat16 where the device computes it natively (CPUs with AVX512_BF16/AMX, GPUs from compute "
+    "capability 8.0), float16 on GPUs from 7.0, else fp32. An explicit mixed precision that the "
+    "hardware only emulates (e.g. bfloat16 on an AVX2-only CPU: ~10x slower) warns.",
     "xla": "off; jit = compile the training step; auto = TF auto-clustering.",
     "intra_op_threads": "TF intra-op threads (0 = TF's choice).",
     "inter_op_threads": "TF inter-op threads (0 = TF's choice).",
