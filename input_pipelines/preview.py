@@ -1,0 +1,153 @@
+"""Look at what a classification run will train and evaluate on: a PNG grid of images.
+
+    python -m input_pipelines.preview --dataset=imagenet --data_dir=/data/digits-tfr \\
+        --image_size=32 --num_classes=10 --out=grid.png [--rows=4 --columns=8] [any train flag]
+
+Builds the ``train`` and ``validation`` pipelines exactly as ``python -m tfscale.train`` would
+with the same flags (every training flag works: ``--augment``, ``--horizontal_flip``,
+``--eval_crop_fraction``, ``--normalization``, ``--input_channels``, ...), takes
+``rows x columns`` images of each, undoes the normalization for display, and writes one PNG: a
+section marked TRAIN (augmented training images; a small dataset repeats, so the same image
+appears in several epochs' variants) above a section marked EVAL. Prints the resolved
+preprocessing (on stderr, as training does) and the path written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+from absl import flags  # noqa: E402
+
+from input_pipelines.errors import DataError  # noqa: E402
+from input_pipelines.preprocessing_choice import Preprocessing, preprocessing_for  # noqa: E402
+from tfscale.config import TrainConfig  # noqa: E402
+from tfscale.flags import config_from_flags, define_flags  # noqa: E402
+
+MIN_TILE = 64  # small images are enlarged (by whole pixels) to at least this size
+GAP = 2  # pixels between tiles
+BACKGROUND = 96
+SCALE = 2  # pixels per dot of the label font
+# A 5x7 dot font for the section labels (rows top to bottom, "#" = ink).
+GLYPHS = {
+    "T": ("#####", "..#..", "..#..", "..#..", "..#..", "..#..", "..#.."),
+    "R": ("####.", "#...#", "#...#", "####.", "#.#..", "#..#.", "#...#"),
+    "A": (".###.", "#...#", "#...#", "#####", "#...#", "#...#", "#...#"),
+    "I": (".###.", "..#..", "..#..", "..#..", "..#..", "..#..", ".###."),
+    "N": ("#...#", "##..#", "#.#.#", "#..##", "#...#", "#...#", "#...#"),
+    "E": ("#####", "#....", "#....", "####.", "#....", "#....", "#####"),
+    "V": ("#...#", "#...#", "#...#", "#...#", "#...#", ".#.#.", "..#.."),
+    "L": ("#....", "#....", "#....", "#....", "#....", "#....", "#####"),
+}
+BAND = 7 * SCALE + 2 * 3  # height of a section's label band
+
+
+def label_band(text: str, width: int) -> np.ndarray:
+    """A ``BAND x width`` RGB strip with ``text`` (letters of :data:`GLYPHS`) in white."""
+    band = np.full((BAND, width, 3), BACKGROUND // 2, np.uint8)
+    x = GAP + 2
+    for letter in text:
+        dots = np.array([[c == "#" for c in row] for row in GLYPHS[letter]])
+        ink = np.kron(dots, np.ones((SCALE, SCALE), bool))
+        region = band[3:3 + ink.shape[0], x:x + ink.shape[1]]
+        region[ink[:, :region.shape[1]]] = 255
+        x += ink.shape[1] + SCALE
+    return band
+
+
+def to_pixels(images: np.ndarray, preprocessing: Preprocessing) -> np.ndarray:
+    """Normalized float images ``[N, H, W, C]`` back to uint8 RGB pixels."""
+    pixels = images * np.asarray(preprocessing.std) + np.asarray(preprocessing.mean)
+    pixels = np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+    return np.repeat(pixels, 3, axis=-1) if pixels.shape[-1] == 1 else pixels
+
+
+def tile_grid(pixels: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    """``rows x columns`` uint8 images ``[N, S, S, 3]`` as one image, enlarged to at least
+    :data:`MIN_TILE` a side, :data:`GAP` pixels apart."""
+    zoom = max(1, -(-MIN_TILE // pixels.shape[1]))
+    tile = pixels.shape[1] * zoom
+    grid = np.full((rows * tile + (rows + 1) * GAP, columns * tile + (columns + 1) * GAP, 3),
+                   BACKGROUND, np.uint8)
+    for k, image in enumerate(pixels[:rows * columns]):
+        top = GAP + (k // columns) * (tile + GAP)
+        left = GAP + (k % columns) * (tile + GAP)
+        grid[top:top + tile, left:left + tile] = image.repeat(zoom, 0).repeat(zoom, 1)
+    return grid
+
+
+def images_of(config: TrainConfig, split: str, count: int) -> np.ndarray:
+    """The first ``count`` images of ``split`` from the pipeline training would build."""
+    from input_pipelines import PIPELINES, Shard
+
+    batches = PIPELINES.get(config.dataset)(config, Shard(), split, count)
+    images, _ = next(iter(batches.dataset.take(1)))
+    return images.numpy()
+
+
+def preview(config: TrainConfig, out: str, rows: int, columns: int) -> Preprocessing:
+    """Writes the TRAIN/EVAL grid of ``config``'s pipelines to the PNG file ``out``.
+
+    Returns:
+        The resolved preprocessing shown.
+
+    Raises:
+        ValueError: a dataset that is not image classification, or a bad flag or file.
+    """
+    import tensorflow as tf
+
+    from input_pipelines import task_of
+
+    if task_of(config.dataset) != "classification" or config.input_channels not in (1, 3):
+        raise ValueError(f"--dataset={config.dataset} with --input_channels="
+                         f"{config.input_channels}: the preview shows classification images "
+                         "of 1 or 3 channels")
+    from input_pipelines.image_preprocessing import announce
+
+    preprocessing = preprocessing_for(config)
+    announce(preprocessing)
+    sections = []
+    for split, label in (("train", "TRAIN"), ("validation", "EVAL")):
+        try:
+            pixels = to_pixels(images_of(config, split, rows * columns), preprocessing)
+        except DataError as err:
+            if split == "train":
+                raise
+            print(f"note: no evaluation images shown: {err}", file=sys.stderr)
+            continue
+        grid = tile_grid(pixels, rows, columns)
+        sections += [label_band(label, grid.shape[1]), grid]
+    tf.io.write_file(out, tf.io.encode_png(np.concatenate(sections)))
+    return preprocessing
+
+
+def main(argv: Sequence[str]) -> int:
+    values = flags.FlagValues()
+    define_flags(values)
+    flags.DEFINE_string("out", "preview.png", "PNG file to write.", flag_values=values)
+    flags.DEFINE_integer("rows", 4, "Rows of images per section.", lower_bound=1,
+                         flag_values=values)
+    flags.DEFINE_integer("columns", 8, "Images per row.", lower_bound=1, flag_values=values)
+    if {"--help", "-h", "--helpfull"} & set(argv):
+        print(f"{__doc__}\n{values.get_help()}")
+        return 0
+    try:
+        rest = values(list(argv))
+        if len(rest) > 1:
+            raise ValueError(f"unexpected arguments {rest[1:]}; all options are --flags")
+        config = config_from_flags(values)
+        preview(config, values.out, values.rows, values.columns)
+    except (ValueError, flags.Error) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {values.out}: TRAIN (augmented training images) above EVAL, "
+          f"{values.rows} x {values.columns} each")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
