@@ -132,3 +132,19 @@ def test_event_log_appends_json_lines(tmp_path: Path) -> None:
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines] == ["run_start", "run_stop"]
     assert events.read_events(tmp_path / "events.jsonl")[1]["step"] == 3
+
+
+def test_evaluation_summaries_write_scalars_at_the_step(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from tfscale.evaluation import EvaluationSummaries
+
+    write = EvaluationSummaries(tmp_path)
+    write({"step": 7, "epoch": 0.5, "seconds": 1.0, "examples": 37,
+           "metrics": {"val_accuracy": 0.25}})
+    found = {}
+    for path in tmp_path.iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                found[value.tag] = (event.step, float(tf.make_ndarray(value.tensor)))
+    assert found == {"val_accuracy": (7, 0.25), "examples": (7, 37.0)}
