@@ -1,12 +1,13 @@
-"""A plain Keras 3 ``model.fit`` script made data-parallel with Horovod and tfscale's callbacks,
-without ``tfscale.train``.
+"""A plain Keras 3 ``model.fit`` script made data-parallel with ``tfscale.horovod``, the
+``horovod.tensorflow.keras`` API for Keras 3, without ``tfscale.train``.
 
     horovodrun --gloo -np 2 python examples/horovod_fit.py --out /tmp/horovod_fit
 
-Each worker reads its own data; gradients are averaged by tfscale's Horovod optimizer wrapper;
-the callbacks broadcast rank 0's initial state, average the logged metrics, warm the learning
-rate up to the linearly scaled one, measure throughput, and keep TensorBoard logs and model
-checkpoints on the chief only.
+Each worker reads its own data; ``hvd.DistributedOptimizer`` averages the gradients; the
+callbacks broadcast rank 0's initial state, average the logged metrics (before the callbacks
+that read them), warm the learning rate up from the single-worker rate to the linearly scaled
+one over the first half epoch, measure throughput, and keep TensorBoard logs and the best
+model on the chief only.
 """
 
 from __future__ import annotations
@@ -17,18 +18,11 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfscale.callbacks import (  # noqa: E402
-    BroadcastInitialState,
-    ChiefOnly,
-    LearningRateWarmup,
-    MetricAverage,
-    ThroughputMeter,
-)
-from tfscale.strategies.horovod import distributed_optimizer  # noqa: E402
+import tfscale.horovod as hvd  # noqa: E402
+from tfscale.callbacks import ChiefOnly, ThroughputMeter  # noqa: E402
 
 
 def main() -> None:
@@ -47,18 +41,18 @@ def main() -> None:
 
     model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(32, activation="relu"),
                               keras.layers.Dense(2)])
-    base_lr = 0.05
-    optimizer = distributed_optimizer(keras.optimizers.SGD(base_lr * hvd.size(), momentum=0.9))
+    scaled_lr = 0.05 * hvd.size()
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(scaled_lr, momentum=0.9))
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     meter = ThroughputMeter(global_batch=args.batch_size * hvd.size())
     callbacks = [
-        BroadcastInitialState(),
-        MetricAverage(),
-        LearningRateWarmup(base_lr * hvd.size(), warmup_steps=8, num_workers=hvd.size()),
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=0.5),
         meter,
         ChiefOnly(keras.callbacks.TensorBoard(str(out / "tensorboard"), write_graph=False)),
-        ChiefOnly(keras.callbacks.ModelCheckpoint(str(out / "model.keras"))),
+        hvd.callbacks.BestModelCheckpoint(str(out / "model.keras"), monitor="loss"),
     ]
     history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
                         callbacks=callbacks, verbose=2 if hvd.rank() == 0 else 0)

@@ -29,6 +29,6 @@ def default_collectives(comm: Collectives | None) -> Collectives:
     """``comm``, or Horovod's collectives for a user script that passes none."""
     if comm is not None:
         return comm
-    from tfscale.strategies.horovod import HorovodCollectives
+    from tfscale.horovod.runtime import HorovodCollectives
 
     return HorovodCollectives()

@@ -29,8 +29,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from tfscale.horovod.optimizer import with_gradient_reduction
 from tfscale.strategies.hierarchical import HierarchicalAllReduce, start_horovod
-from tfscale.strategies.horovod import HorovodStrategy, horovod_knobs, with_gradient_reduction
+from tfscale.strategies.horovod import HorovodStrategy, horovod_knobs
 
 if TYPE_CHECKING:
     import keras

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from tfscale.strategies.horovod import import_horovod
+from tfscale.horovod.runtime import import_horovod
 
 DYNAMIC_SETS_HINT = (
     "several nodes of several processes need Horovod process sets registered after start-up: "

@@ -1,12 +1,12 @@
 """The ``horovod`` strategy: one process per replica on Horovod's TensorFlow ops.
 
-Horovod's own Keras layer does not support Keras 3, so tfscale owns the integration:
+Horovod's own Keras layer does not support Keras 3; the strategy uses tfscale's
+(:mod:`tfscale.horovod`, the same code users' own scripts import):
 
 - gradients are averaged by one ``grouped_allreduce`` (Horovod fuses the group into few
   buffers: tensor fusion) inside the optimizer's ``apply``, which Keras 3 traces into the
-  training function;
-- initial weights and optimizer state are broadcast from rank 0 (Keras 3 variables are not
-  ``tf.Variable``s, their ``.value`` is, so the broadcast goes through that);
+  training function (:func:`tfscale.horovod.DistributedOptimizer`);
+- initial weights and optimizer state are broadcast from rank 0;
 - logged metrics are averaged across workers at the end of each epoch.
 
 Horovod is imported lazily so that the other strategies work without it.
@@ -16,138 +16,17 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
-from types import ModuleType
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tfscale.horovod.optimizer import DistributedOptimizer
+from tfscale.horovod.runtime import HorovodCollectives, import_horovod
 from tfscale.strategies.base import Strategy
 
 if TYPE_CHECKING:
     import keras
-
-INSTALL_HINT = (
-    "Horovod is not importable in this environment. Run `bash launch/setup.sh` (it builds "
-    "Horovod 0.28.1 with TensorFlow and Gloo into .venv; see BUILD.md), or pick "
-    "--strategy default|mirrored|multiworker."
-)
-_OPS = ("mean", "sum", "max", "min")
-
-
-def import_horovod() -> ModuleType:
-    """``horovod.tensorflow``, or a RuntimeError that says how to install it."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError as err:
-        raise RuntimeError(f"{INSTALL_HINT} ({err})") from None
-    return hvd
-
-
-class HorovodCollectives:
-    """Horovod collectives on small host values and Keras 3 variables.
-
-    Used by the ``horovod`` and ``ddl`` strategies and, with no tfscale config at all, by the
-    public callbacks in a user's own ``model.fit`` script. Initialises Horovod if needed.
-    """
-
-    def __init__(self, process_set: Any = None) -> None:
-        self.hvd = import_horovod()
-        if not self.hvd.is_initialized():
-            self.hvd.init()
-        self.process_set = process_set if process_set is not None else self.hvd.global_process_set
-        self._calls = 0
-
-    @property
-    def rank(self) -> int:
-        return int(self.hvd.rank())
-
-    @property
-    def size(self) -> int:
-        return int(self.hvd.size())
-
-    def _name(self, kind: str) -> str:
-        # Horovod matches tensors across ranks by name; every rank makes the same calls in the
-        # same order, so a counter gives matching, never-colliding names.
-        self._calls += 1
-        return f"tfscale.{kind}.{self._calls}"
-
-    def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
-        if op not in _OPS:
-            raise ValueError(f"all_reduce op {op!r}; expected one of {_OPS}")
-        import tensorflow as tf
-
-        hvd_op = {"mean": self.hvd.Average, "sum": self.hvd.Sum,
-                  "max": self.hvd.Max, "min": self.hvd.Min}[op]
-        tensor = tf.constant(np.asarray(values, dtype=np.float64))
-        out = self.hvd.allreduce(tensor, op=hvd_op, name=self._name("allreduce"),
-                                 process_set=self.process_set)
-        return np.asarray(out.numpy(), dtype=np.float64)
-
-    def broadcast(self, values: Sequence[float] | np.ndarray, root: int = 0) -> np.ndarray:
-        import tensorflow as tf
-
-        tensor = tf.constant(np.asarray(values, dtype=np.float64))
-        out = self.hvd.broadcast(tensor, root_rank=root, name=self._name("broadcast"),
-                                 process_set=self.process_set)
-        return np.asarray(out.numpy(), dtype=np.float64)
-
-    def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:
-        tf_variables = [v.value for v in variables]
-        self.hvd.broadcast_variables(tf_variables, root_rank=root, process_set=self.process_set)
-
-
-def with_gradient_reduction(
-    optimizer: keras.optimizers.Optimizer, reduce: Callable[[list[Any]], list[Any]]
-) -> keras.optimizers.Optimizer:
-    """Makes ``optimizer`` pass its gradients through ``reduce`` before applying them.
-
-    The optimizer object keeps its state; its class is swapped for a subclass whose ``apply``
-    reduces first. Wrapping the outermost optimizer (a LossScaleOptimizer under float16) makes
-    every worker see the same gradients before the finite check, so all skip or apply together.
-    The subclass keeps the base class's name and module, so a saved model records (and
-    reloads with) the plain optimizer.
-    """
-    base = type(optimizer)
-    if getattr(base, "_tfscale_reducing", False):
-        raise ValueError(f"optimizer {optimizer.name!r} already reduces its gradients")
-
-    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        present = [g for g in grads if g is not None]
-        reduced = iter(self._tfscale_reduce(present)) if present else iter(())
-        grads = [None if g is None else next(reduced) for g in grads]
-        return base.apply(self, grads, trainable_variables)
-
-    cls = type(base.__name__, (base,), {"apply": apply, "_tfscale_reducing": True,
-                                        "__module__": base.__module__,
-                                        "__qualname__": base.__qualname__})
-    optimizer.__class__ = cls
-    optimizer._tfscale_reduce = reduce
-    return optimizer
-
-
-def distributed_optimizer(
-    optimizer: keras.optimizers.Optimizer, compression: bool = False, process_set: Any = None
-) -> keras.optimizers.Optimizer:
-    """Averages gradients across Horovod workers with one fused grouped all-reduce.
-
-    Args:
-        optimizer: a Keras 3 optimizer (or LossScaleOptimizer).
-        compression: cast gradients to float16 for the exchange.
-        process_set: Horovod process set (default: all workers).
-    """
-    hvd = import_horovod()
-    kwargs: dict[str, Any] = {"op": hvd.Average,
-                              "compression": hvd.Compression.fp16 if compression
-                              else hvd.Compression.none}
-    if process_set is not None:
-        kwargs["process_set"] = process_set
-
-    def reduce(grads: list[Any]) -> list[Any]:
-        return list(hvd.grouped_allreduce(grads, **kwargs))
-
-    return with_gradient_reduction(optimizer, reduce)
-
 
 def horovod_knobs(config: Any) -> dict[str, str]:
     """Horovod environment settings for the config's communication flags."""
@@ -254,7 +133,9 @@ class HorovodStrategy(Strategy):
         return int(self.comm.hvd.local_size())
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-        return distributed_optimizer(optimizer, compression=self.config.fp16_allreduce)
+        compression = self.comm.hvd.Compression
+        return DistributedOptimizer(optimizer, compression=compression.fp16
+                                    if self.config.fp16_allreduce else compression.none)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         from tfscale.callbacks import BroadcastInitialState, MetricAverage

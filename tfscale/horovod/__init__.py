@@ -1,0 +1,63 @@
+"""Horovod for Keras 3: ``horovod.tensorflow.keras``'s API, working under TF >= 2.16.
+
+Horovod's own Keras layer (0.28.1, its last release) fails on Keras 3: its callbacks call
+``keras.backend.get_value``, its optimizer overrides methods Keras 3 never calls (so
+gradients are silently not averaged), and its broadcast rejects Keras 3 variables. A script
+written for it runs here after changing one line::
+
+    import horovod.tensorflow.keras as hvd   ->   import tfscale.horovod as hvd
+
+then, as before::
+
+    hvd.init()
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.001 * hvd.size()))
+    model.compile(optimizer=opt, loss=...)
+    model.fit(dataset, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                  hvd.callbacks.MetricAverageCallback(), ...])
+
+and run it with ``horovodrun -np N python script.py`` (or any launcher Horovod supports).
+Horovod's constants (``Average``, ``Sum``, ``Compression``, ``global_process_set``, ...) are
+Horovod's own, looked up on first use. Horovod ops cannot run inside an XLA-compiled function
+in tfscale's build, and Keras 3's default ``jit_compile="auto"`` compiles the training step
+with XLA when a GPU is visible: on GPUs pass ``jit_compile=False`` to ``compile``. See
+docs/MIGRATING.md.
+"""
+
+from typing import Any
+
+from tfscale.horovod import callbacks
+from tfscale.horovod.optimizer import DistributedOptimizer, load_model
+from tfscale.horovod.runtime import (
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_variables,
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+
+# Names that are Horovod's own objects, the same under Keras 2 and 3.
+_FROM_HOROVOD = ("Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression",
+                 "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+                 "mpi_built", "gloo_built", "nccl_built", "mpi_enabled", "gloo_enabled",
+                 "start_timeline", "stop_timeline")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_HOROVOD:
+        from tfscale.horovod.runtime import import_horovod
+
+        return getattr(import_horovod(), name)
+    raise AttributeError(f"module 'tfscale.horovod' has no attribute {name!r}")
+
+
+__all__ = ["DistributedOptimizer", "allgather", "allreduce", "broadcast", "broadcast_variables",
+           "callbacks", "cross_rank", "cross_size", "init", "is_initialized", "load_model",
+           "local_rank", "local_size", "rank", "shutdown", "size", *_FROM_HOROVOD]

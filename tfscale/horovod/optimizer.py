@@ -1,0 +1,196 @@
+"""Gradient exchange inside a Keras 3 optimizer: Horovod's ``DistributedOptimizer`` for Keras 3.
+
+Horovod 0.28's Keras optimizer overrides methods Keras 2 called (``get_gradients``,
+``_aggregate_gradients``) that Keras 3 never calls, so under Keras 3 its gradients are not
+averaged at all. Keras 3 calls one method per step, ``apply(grads, variables)``, inside the
+traced training function; the wrapper here reduces the gradients there, before anything else
+the optimizer does (loss-scale finite check, clipping, update), so every worker applies the
+same step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tfscale.horovod.runtime import import_horovod
+
+if TYPE_CHECKING:
+    import keras
+
+Reduce = Callable[[list[Any]], list[Any]]
+
+
+def with_gradient_reduction(
+    optimizer: keras.optimizers.Optimizer, reduce: Reduce, backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+) -> keras.optimizers.Optimizer:
+    """Makes ``optimizer`` pass its gradients through ``reduce`` before applying them.
+
+    The optimizer object keeps its state; its class is swapped for a subclass whose ``apply``
+    reduces first. Wrapping the outermost optimizer (a LossScaleOptimizer under float16) makes
+    every worker see the same gradients before the finite check, so all skip or apply together.
+    The subclass keeps the base class's name and module, so a saved model records (and
+    reloads with) the plain optimizer.
+
+    With ``backward_passes_per_step`` N > 1, gradients are summed locally over N passes and
+    reduced and applied once, on the N-th (divided by N if ``average_aggregated_gradients``);
+    the passes in between only count ``iterations``. The local sums live in ``tf.Variable``s
+    outside the optimizer's Keras variables, so saved optimizer state matches the plain one.
+
+    Raises:
+        ValueError: if ``optimizer`` already reduces, or ``backward_passes_per_step`` < 1.
+    """
+    base = type(optimizer)
+    if getattr(base, "_tfscale_reducing", False):
+        raise ValueError(f"optimizer {optimizer.name!r} already reduces its gradients")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step}; must be >= 1")
+
+    def reduce_present(grads: list[Any]) -> list[Any]:
+        present = [g for g in grads if g is not None]
+        reduced = iter(reduce(present)) if present else iter(())
+        return [None if g is None else next(reduced) for g in grads]
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        grads = list(grads)
+        if backward_passes_per_step == 1:
+            return base.apply(self, reduce_present(grads), trainable_variables)
+        return _accumulate_then_apply(self, base, grads, trainable_variables, reduce_present,
+                                      backward_passes_per_step, average_aggregated_gradients)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "_tfscale_reducing": True,
+                                        "__module__": base.__module__,
+                                        "__qualname__": base.__qualname__})
+    optimizer.__class__ = cls
+    return optimizer
+
+
+def _make_accumulators(optimizer: Any, variables: Any) -> None:
+    import tensorflow as tf
+
+    # Created on the first apply, usually while Keras traces the training step: init_scope
+    # makes them once, outside the traced function.
+    with tf.init_scope():
+        optimizer._tfscale_passes = tf.Variable(0, dtype=tf.int64, trainable=False)
+        optimizer._tfscale_sums = {
+            id(v): tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables}
+
+
+def _accumulate_then_apply(optimizer: Any, base: Any, grads: list[Any],
+                           trainable_variables: Any, reduce_present: Reduce, passes: int,
+                           average: bool) -> Any:
+    import tensorflow as tf
+
+    variables = (list(trainable_variables) if trainable_variables is not None
+                 else list(optimizer._trainable_variables))
+    if not hasattr(optimizer, "_tfscale_sums"):
+        _make_accumulators(optimizer, variables)
+    sums = [None if g is None else optimizer._tfscale_sums[id(v)]
+            for g, v in zip(grads, variables, strict=True)]
+    for s, g in zip(sums, grads, strict=True):
+        if s is not None:
+            s.assign_add(tf.convert_to_tensor(g))
+    optimizer._tfscale_passes.assign_add(1)
+
+    def reduce_and_apply() -> None:
+        total = [None if s is None else s.read_value() for s in sums]
+        reduced = reduce_present(total)
+        if average:
+            reduced = [None if g is None else g / passes for g in reduced]
+        base.apply(optimizer, reduced, variables)
+        for s in sums:
+            if s is not None:
+                s.assign(tf.zeros_like(s))
+        optimizer._tfscale_passes.assign(0)
+
+    def count_pass() -> None:
+        optimizer.iterations.assign_add(1)
+
+    # Every worker runs the same number of passes, so all take the same branch and the
+    # collectives inside reduce_and_apply match up.
+    tf.cond(optimizer._tfscale_passes >= passes, reduce_and_apply, count_pass)
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their call
+    optimizer: keras.optimizers.Optimizer, name: str | None = None, compression: Any = None,
+    sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: Any = None,
+    backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+    process_set: Any = None,
+) -> keras.optimizers.Optimizer:
+    """Averages (or sums) gradients across Horovod workers with one fused grouped all-reduce
+    per step, like ``horovod.tensorflow.keras.DistributedOptimizer``.
+
+    The optimizer is changed in place and returned; its state, ``get_config`` and saved form
+    stay those of the plain optimizer, so ``model.save`` writes a model that plain Keras loads.
+
+    Args:
+        optimizer: a Keras 3 optimizer, or a ``keras.optimizers.LossScaleOptimizer``.
+        name: accepted for compatibility (Horovod names its ops after it); unused.
+        compression: ``Compression.none`` (default) or ``Compression.fp16`` (send float16).
+        sparse_as_dense: turn ``IndexedSlices`` gradients (embeddings) into dense tensors,
+            which the grouped all-reduce needs.
+        gradient_predivide_factor: divide by this before the sum and by size/this after it
+            (``op=Average`` only).
+        op: ``Average`` (default) or ``Sum``.
+        backward_passes_per_step: passes whose gradients are summed locally before one
+            all-reduce and one update.
+        average_aggregated_gradients: divide the locally summed gradients by
+            ``backward_passes_per_step``.
+        process_set: Horovod process set whose workers take part (default: all).
+
+    Raises:
+        ValueError: for an ``op`` other than Average/Sum, a predivide factor with ``Sum``, or
+            ``backward_passes_per_step`` < 1.
+    """
+    import tensorflow as tf
+
+    hvd = import_horovod()
+    op = hvd.Average if op is None else op
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"op={op!r}: DistributedOptimizer supports Average and Sum")
+    kwargs: dict[str, Any] = {"compression": compression or hvd.Compression.none}
+    if process_set is not None:
+        kwargs["process_set"] = process_set
+    if gradient_predivide_factor != 1.0:
+        if op != hvd.Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        kwargs.update(op=hvd.Sum, prescale_factor=1.0 / gradient_predivide_factor,
+                      postscale_factor=gradient_predivide_factor / _set_size(hvd, process_set))
+    else:
+        kwargs["op"] = op
+
+    def reduce(grads: list[Any]) -> list[Any]:
+        if sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        return list(hvd.grouped_allreduce(grads, **kwargs))
+
+    return with_gradient_reduction(optimizer, reduce, backward_passes_per_step,
+                                   average_aggregated_gradients)
+
+
+def _set_size(hvd: Any, process_set: Any) -> int:
+    return int(hvd.size() if process_set is None else process_set.size())
+
+
+def load_model(filepath: str, custom_optimizers: list[type] | None = None,
+               custom_objects: dict[str, Any] | None = None,
+               compression: Any = None) -> keras.Model:
+    """Loads a model saved with ``model.save`` and makes its optimizer distributed, like
+    ``horovod.tensorflow.keras.load_model``.
+
+    Args:
+        filepath: a ``.keras`` file.
+        custom_optimizers: optimizer classes the file may name beyond Keras's own.
+        custom_objects: other custom classes and functions, as for ``keras.models.load_model``.
+        compression: as for :func:`DistributedOptimizer`.
+    """
+    import keras
+
+    objects = {**{cls.__name__: cls for cls in custom_optimizers or []},
+               **(custom_objects or {})}
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    if getattr(model, "optimizer", None) is not None:
+        DistributedOptimizer(model.optimizer, compression=compression)
+    return model

@@ -1,0 +1,175 @@
+"""Horovod's process group and its collectives on values and Keras 3 variables.
+
+The functions follow ``horovod.tensorflow.keras`` (same names, arguments and results); they
+call Horovod's TensorFlow ops, which work under Keras 3, and differ from them only where
+Keras 3 objects need it: Keras variables are broadcast through their ``.value`` (a
+``tf.Variable``). :class:`HorovodCollectives` offers the same operations on small float64
+vectors with string ops, for tfscale's strategies and callbacks.
+
+Horovod is imported on first use, so importing this module needs only TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+INSTALL_HINT = (
+    "Horovod is not importable in this environment. Run `bash launch/setup.sh` from a tfscale "
+    "checkout (it builds Horovod 0.28.1 with TensorFlow and Gloo into .venv; see BUILD.md), or "
+    "pick --strategy default|mirrored|multiworker."
+)
+_OPS = ("mean", "sum", "max", "min")
+
+
+def import_horovod() -> ModuleType:
+    """``horovod.tensorflow``, or a RuntimeError that says how to install it."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as err:
+        raise RuntimeError(f"{INSTALL_HINT} ({err})") from None
+    return hvd
+
+
+def init(*args: Any, **kwargs: Any) -> None:
+    """Starts Horovod (``horovod.tensorflow.init``'s arguments, e.g. ``process_sets``)."""
+    import_horovod().init(*args, **kwargs)
+
+
+def shutdown() -> None:
+    """Stops Horovod's background thread; collectives fail after it."""
+    import_horovod().shutdown()
+
+
+def is_initialized() -> bool:
+    return bool(import_horovod().is_initialized())
+
+
+def rank() -> int:
+    """This process's global rank (0 is the chief)."""
+    return int(import_horovod().rank())
+
+
+def size() -> int:
+    """Number of Horovod processes."""
+    return int(import_horovod().size())
+
+
+def local_rank() -> int:
+    """This process's index on its node (pick the GPU with it)."""
+    return int(import_horovod().local_rank())
+
+
+def local_size() -> int:
+    """Number of Horovod processes on this node."""
+    return int(import_horovod().local_size())
+
+
+def cross_rank() -> int:
+    """Index of this process's node."""
+    return int(import_horovod().cross_rank())
+
+
+def cross_size() -> int:
+    """Number of nodes."""
+    return int(import_horovod().cross_size())
+
+
+def _process_set(process_set: Any) -> Any:
+    return import_horovod().global_process_set if process_set is None else process_set
+
+
+def allreduce(value: Any, name: str | None = None, average: bool | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Any = None,
+              compression: Any = None, process_set: Any = None) -> tf.Tensor:
+    """Reduces ``value`` (an array, number or tensor) over all processes; ``op`` defaults to
+    ``Average``, as in Horovod. Returns a tensor of ``value``'s dtype."""
+    import tensorflow as tf
+
+    hvd = import_horovod()
+    return hvd.allreduce(tf.convert_to_tensor(value), average=average, op=op, name=name,
+                         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                         compression=compression or hvd.Compression.none,
+                         process_set=_process_set(process_set))
+
+
+def allgather(value: Any, name: str | None = None, process_set: Any = None) -> tf.Tensor:
+    """Concatenates every process's ``value`` along the first dimension, in rank order."""
+    import tensorflow as tf
+
+    return import_horovod().allgather(tf.convert_to_tensor(value), name=name,
+                                      process_set=_process_set(process_set))
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None,
+              process_set: Any = None) -> tf.Tensor:
+    """``root_rank``'s ``value`` on every process."""
+    import tensorflow as tf
+
+    return import_horovod().broadcast(tf.convert_to_tensor(value), root_rank, name=name,
+                                      process_set=_process_set(process_set))
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: Any = None,
+                        inplace: bool = False) -> None:
+    """Overwrites ``variables`` (Keras 3 variables or ``tf.Variable``s) with ``root_rank``'s
+    values. Horovod's own function accepts only ``tf.Variable``s; a Keras 3 variable holds
+    one in ``.value``."""
+    import keras
+
+    tf_variables = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+    import_horovod().broadcast_variables(tf_variables, root_rank,
+                                         process_set=_process_set(process_set), inplace=inplace)
+
+
+class HorovodCollectives:
+    """Horovod collectives on small host values and Keras 3 variables.
+
+    Used by the ``horovod`` and ``ddl`` strategies and, with no tfscale config at all, by the
+    callbacks in a user's own ``model.fit`` script. Initialises Horovod if needed.
+    """
+
+    def __init__(self, process_set: Any = None) -> None:
+        self.hvd = import_horovod()
+        if not self.hvd.is_initialized():
+            self.hvd.init()
+        self.process_set = _process_set(process_set)
+        self._calls = 0
+
+    @property
+    def rank(self) -> int:
+        return int(self.hvd.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self.hvd.size())
+
+    def _name(self, kind: str) -> str:
+        # Horovod matches tensors across ranks by name; every rank makes the same calls in the
+        # same order, so a counter gives matching, never-colliding names.
+        self._calls += 1
+        return f"tfscale.{kind}.{self._calls}"
+
+    def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
+        if op not in _OPS:
+            raise ValueError(f"all_reduce op {op!r}; expected one of {_OPS}")
+        hvd_op = {"mean": self.hvd.Average, "sum": self.hvd.Sum,
+                  "max": self.hvd.Max, "min": self.hvd.Min}[op]
+        out = allreduce(np.asarray(values, dtype=np.float64), op=hvd_op,
+                        name=self._name("allreduce"), process_set=self.process_set)
+        return np.asarray(out.numpy(), dtype=np.float64)
+
+    def broadcast(self, values: Sequence[float] | np.ndarray, root: int = 0) -> np.ndarray:
+        out = broadcast(np.asarray(values, dtype=np.float64), root, name=self._name("broadcast"),
+                        process_set=self.process_set)
+        return np.asarray(out.numpy(), dtype=np.float64)
+
+    def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:
+        broadcast_variables(variables, root, process_set=self.process_set)
