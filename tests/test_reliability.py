@@ -17,6 +17,7 @@ from launch.local import horovod_envs, tf_config_envs
 from tests.conftest import ROOT, TINY, read_results, requires_horovod, run_process, run_train
 from tests.faults import TRAIN, kill_group, long_run_flags, progress, started, wait_for, worker_pids
 from tfscale.checkpointing import CheckpointManager
+from tfscale.events import read_events
 
 pytestmark = pytest.mark.slow
 MULTI = [pytest.param("horovod", marks=requires_horovod),
@@ -90,6 +91,9 @@ def test_preemption_checkpoints_and_resumes(strategy: str, tmp_path: Path) -> No
     assert "preempted by a signal at step" in text
     stopped = CheckpointManager(run / "checkpoints").steps()[0]
     assert stopped >= 100
+    assert read_events(run / "events.jsonl")[-1] == {
+        **read_events(run / "events.jsonl")[-1], "event": "run_stop", "status": "preempted",
+        "step": stopped}
     again = run_train(*TINY, f"--strategy={strategy}", f"--steps={stopped + 5}",
                       f"--model_dir={run}", *extra)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
@@ -133,6 +137,9 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path) ->
     stopped_at, kept = int(match[1]), int(match[2])
     manager = CheckpointManager(tmp_path / "checkpoints")
     assert 5 <= kept < stopped_at and manager.steps()[0] == kept
+    stops = [(e["status"], e["step"]) for e in read_events(tmp_path / "events.jsonl")
+             if e["event"] == "run_stop"]
+    assert stops == [("success", 5), ("non_finite", stopped_at)]  # appended by the second run
     for step in manager.steps():
         assert all(np.all(np.isfinite(a)) for a in manager.read(step)[1] if a.dtype.kind == "f")
 

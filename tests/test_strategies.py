@@ -44,18 +44,22 @@ def test_several_steps_stay_equivalent(run, tmp_path: Path) -> None:  # type: ig
 
 
 def test_train_cli_multiworker_and_mirrored(tmp_path: Path) -> None:
+    # 2 validation batches of 4 per worker x 2 workers (multiworker), of 8 in one process
+    # (mirrored): each evaluation covers 16 examples, counted once per process.
     proc = run_train(*TINY, "--strategy=multiworker", "--num_processes=2", "--steps=3",
-                     f"--model_dir={tmp_path / 'mw'}")
+                     "--validation_steps=2", f"--model_dir={tmp_path / 'mw'}")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "INFO:tensorflow" not in proc.stdout
     results = read_results(tmp_path / "mw")
     assert results["num_workers"] == 2 and results["global_batch_size"] == 8
+    assert [e["examples"] for e in results["evaluations"]] == [16]
     proc = run_train(*TINY, "--strategy=mirrored", "--cpu_replicas=2", "--steps=3",
-                     f"--model_dir={tmp_path / 'mirrored'}")
+                     "--validation_steps=2", f"--model_dir={tmp_path / 'mirrored'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = read_results(tmp_path / "mirrored")
     assert results["num_workers"] == 1 and results["replicas_per_worker"] == 2
     assert results["global_batch_size"] == 8
+    assert [e["examples"] for e in results["evaluations"]] == [16]
 
 
 def test_multiworker_rejects_malformed_tf_config(tmp_path: Path) -> None:
