@@ -2,7 +2,8 @@
 
 The cluster comes from ``TF_CONFIG`` (written by ``--num_processes N`` or by the user), or
 from Slurm's variables under ``srun``. Keras 3's ``model.fit`` needs two work-arounds under
-this strategy; see :mod:`tfscale.strategies.keras_multiworker_fix`.
+this strategy, the ones users' own scripts get from :mod:`tfscale.multiworker`; they are on
+while the strategy runs.
 """
 
 from __future__ import annotations
@@ -12,16 +13,12 @@ import json
 import os
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from tfscale import cluster_env
-from tfscale.strategies import keras_multiworker_fix as fix
+from tfscale import multiworker as keras_fix
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
-
-if TYPE_CHECKING:
-    import keras
 
 IMPLEMENTATIONS = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -82,6 +79,13 @@ class MultiWorkerStrategy(TFDistributeStrategy):
 
     launcher = "tf_config"
 
+    @classmethod
+    def check_environment(cls) -> None:
+        try:
+            keras_fix.check_keras_version()
+        except RuntimeError as err:
+            raise ValueError(str(err)) from None
+
     def setup(self) -> None:
         if "TF_CONFIG" not in os.environ:
             env = cluster_env.detect()
@@ -103,7 +107,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
             self.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 communication_options=options)
         self._patches = contextlib.ExitStack()
-        self._patches.enter_context(fix.scalar_safe_log_reduction())
+        self._patches.enter_context(keras_fix.enabled())
 
     def teardown(self) -> None:
         if hasattr(self, "_patches"):
@@ -116,9 +120,6 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     @property
     def size(self) -> int:
         return self._size
-
-    def prepare_model(self, model: keras.Model) -> None:
-        fix.patch_model(model)
 
     def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         # Each worker's dataset is already this worker's shard with this worker's batch;

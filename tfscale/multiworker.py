@@ -1,0 +1,142 @@
+"""``model.fit`` under ``tf.distribute.MultiWorkerMirroredStrategy`` with Keras 3.
+
+Keras 3 (3.15.1 on TF 2.21) fails to train under MultiWorkerMirroredStrategy, and its
+maintainers say the strategy is not supported in Keras 3. One call fixes it for the process::
+
+    import tfscale.multiworker
+    tfscale.multiworker.enable()
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()     # TF_CONFIG as usual
+    with strategy.scope():
+        model = build_and_compile()
+    model.fit(dataset, epochs=3, steps_per_epoch=70)
+
+The workers then start from worker 0's variables (the strategy broadcasts them when they are
+created), average gradients every step (Keras's optimizer under the strategy), so their weights
+stay identical, and log the loss and metrics averaged over all workers.
+
+Upstream causes, both in ``keras/src/backend/tensorflow/trainer.py`` (remove this module once
+Keras fixes them):
+
+1. ``TensorFlowTrainer._maybe_symbolic_build`` builds the model before the first step from
+   one distributed batch averaged with ``strategy.reduce("MEAN", batch, axis=None)``, which
+   fails for a multi-worker strategy ("Attempt to convert a value (PerReplica...)"). A
+   symbolic build only needs shapes and dtypes, so it is built from the first local
+   replica's batch instead.
+2. ``reduce_per_replica`` reduces every train-step output of a multi-worker collective
+   strategy with ``strategy.reduce("MEAN", v, axis=0)``, which fails on the scalar loss and
+   metric logs ("Invalid reduction dimension 0"); Keras hard-codes ``reduction="auto"`` there.
+   Scalars are reduced with ``axis=None`` instead (the cross-worker mean, which is what the logs
+   should show); everything else is left to Keras.
+
+Both replace private Keras functions, so :func:`enable` checks that the installed Keras is a
+version the fix was made and tested for, and refuses others with an error that says what to do.
+Strategies other than multi-worker ones go through Keras's own code unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as tf_trainer
+
+# (major, minor) releases of Keras whose trainer this fix was written against and tested with.
+TESTED_KERAS = ((3, 15),)
+
+_originals: dict[str, Any] = {}
+
+
+def keras_version() -> tuple[int, int]:
+    """The installed Keras's (major, minor)."""
+    major, minor = keras.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_keras_version() -> None:
+    """Raises RuntimeError unless the installed Keras is one the fix was made for."""
+    if keras_version() not in TESTED_KERAS:
+        tested = ", ".join(f"{a}.{b}.x" for a, b in TESTED_KERAS)
+        major, minor = TESTED_KERAS[-1]
+        raise RuntimeError(
+            f"tfscale.multiworker replaces private functions of Keras's TensorFlow trainer and "
+            f"was made for Keras {tested}; this environment has Keras {keras.__version__}. "
+            f"Install a tested Keras (pip install 'keras>={major}.{minor},<{major}.{minor + 1}') "
+            "or check whether this Keras trains under MultiWorkerMirroredStrategy without the "
+            "fix (docs/MIGRATING.md)")
+
+
+def _is_multi_worker(strategy: Any) -> bool:
+    return bool(tf_trainer._collective_all_reduce_multi_worker(strategy))
+
+
+def _first_local_replica(value: Any, strategy: tf.distribute.Strategy) -> Any:
+    if isinstance(value, tf.distribute.DistributedValues):
+        return strategy.experimental_local_results(value)[0]
+    return value
+
+
+def _maybe_symbolic_build(self: keras.Model, iterator: Any = None, data_batch: Any = None) -> None:
+    if self._distribute_strategy is None or not _is_multi_worker(self.distribute_strategy):
+        return _originals["_maybe_symbolic_build"](self, iterator=iterator, data_batch=data_batch)
+    strategy = self.distribute_strategy
+    if iterator is not None:
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = keras.tree.map_structure(
+                lambda v: _first_local_replica(v, strategy), batch)
+            break
+    with strategy.scope():
+        self._symbolic_build(data_batch=data_batch)
+
+
+def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+    if reduction in ("auto", "mean") and _is_multi_worker(strategy):
+        def reduce(v: Any) -> Any:
+            return strategy.reduce("MEAN", v, axis=None if v.shape.rank == 0 else 0)
+
+        return keras.tree.map_structure(reduce, values)
+    return _originals["reduce_per_replica"](values, strategy, reduction)
+
+
+def is_enabled() -> bool:
+    return bool(_originals)
+
+
+def enable() -> None:
+    """Makes Keras 3's ``model.fit``/``evaluate`` work under MultiWorkerMirroredStrategy in
+    this process (idempotent). Call it before ``fit``; the strategy may exist already.
+
+    Raises:
+        RuntimeError: when the installed Keras is not one the fix was made for.
+    """
+    if is_enabled():
+        return
+    check_keras_version()
+    _originals["_maybe_symbolic_build"] = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+    _originals["reduce_per_replica"] = tf_trainer.reduce_per_replica
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    tf_trainer.reduce_per_replica = _reduce_per_replica
+
+
+def disable() -> None:
+    """Restores Keras's own functions."""
+    if not is_enabled():
+        return
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _originals.pop("_maybe_symbolic_build")
+    tf_trainer.reduce_per_replica = _originals.pop("reduce_per_replica")
+
+
+@contextlib.contextmanager
+def enabled() -> Iterator[None]:
+    """The fix while the context is open; afterwards it is as it was before (on or off)."""
+    was_enabled = is_enabled()
+    enable()
+    try:
+        yield
+    finally:
+        if not was_enabled:
+            disable()
