@@ -148,3 +148,17 @@ def test_evaluation_summaries_write_scalars_at_the_step(tmp_path: Path) -> None:
             for value in event.summary.value:
                 found[value.tag] = (event.step, float(tf.make_ndarray(value.tensor)))
     assert found == {"val_accuracy": (7, 0.25), "examples": (7, 37.0)}
+
+
+def test_throughput_leaves_evaluations_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfscale.callbacks import ThroughputMeter, throughput
+
+    clock = iter([10.0, 10.5, 13.5])
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
+    meter = ThroughputMeter(global_batch=8)
+    meter.on_train_begin()
+    meter.on_train_batch_end(0)  # t = 10.0
+    meter.on_train_batch_end(1)  # t = 10.5: a 0.5 s step
+    meter.exclude(2.5)  # an evaluation between steps 2 and 3
+    meter.on_train_batch_end(2)  # t = 13.5: 3 s, of which 0.5 s training
+    assert meter.step_time_ms == pytest.approx(500.0)

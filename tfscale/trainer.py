@@ -173,11 +173,14 @@ class Trainer:
         # Evaluation and the target check come after the guard (no evaluation of a stopped
         # step) and before the callbacks that read the epoch logs.
         if evaluator is not None:
-            listeners = [self._log_evaluation, lambda _: meter.exclude_current_step()]
+            evaluation = cbs.Evaluation(evaluator.evaluate, cfg.eval_every, steps_per_epoch,
+                                        start_time, [self._log_evaluation])
+            # Throughput is of training: evaluations between steps are not counted.
+            evaluation.listeners.append(lambda _: meter.exclude(evaluation.last_duration))
             if cfg.tensorboard and self.strategy.is_chief:
-                listeners.append(EvaluationSummaries(self.model_dir / "tensorboard" / "evaluation"))
-            named["evaluation"] = cbs.Evaluation(evaluator.evaluate, cfg.eval_every,
-                                                 steps_per_epoch, start_time, listeners)
+                evaluation.listeners.append(
+                    EvaluationSummaries(self.model_dir / "tensorboard" / "evaluation"))
+            named["evaluation"] = evaluation
         if self.target is not None:
             named["target"] = cbs.TargetStop(
                 self.target, self.strategy, start_time,

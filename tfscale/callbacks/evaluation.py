@@ -44,6 +44,7 @@ class Evaluation(keras.callbacks.Callback):
         self.start_time = start_time
         self.listeners = list(listeners)
         self.records: list[dict[str, Any]] = []
+        self.last_duration = 0.0  # seconds the latest evaluation took
 
     @property
     def step(self) -> int:
@@ -54,7 +55,9 @@ class Evaluation(keras.callbacks.Callback):
         step = self.step
         if self.records and self.records[-1]["step"] == step:
             return self.records[-1]
+        began = time.perf_counter()
         metrics, examples = self._evaluate(self.model)
+        self.last_duration = time.perf_counter() - began
         record = {"step": step, "epoch": epoch, "seconds": time.time() - self.start_time,
                   "examples": examples, "metrics": metrics}
         self.records.append(record)

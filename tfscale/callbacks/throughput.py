@@ -24,9 +24,11 @@ class ThroughputMeter(keras.callbacks.Callback):
         self.steps = 0
         self._last: float | None = None
 
-    def exclude_current_step(self) -> None:
-        """Leaves the step now ending out of the measurement (e.g. an evaluation ran in it)."""
-        self._last = None
+    def exclude(self, seconds: float) -> None:
+        """Leaves ``seconds`` of work just done between two steps (an evaluation) out of the
+        measurement."""
+        if self._last is not None:
+            self._last += seconds
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._last = None
