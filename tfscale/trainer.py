@@ -167,7 +167,6 @@ class Trainer:
     def _callbacks(self, manager: CheckpointManager, total: int, steps_per_epoch: int,
                    evaluator: Evaluator | None, start_time: float) -> dict[str, Any]:
         cfg = self.config
-        # Last, so that each measured step includes the other callbacks' work.
         meter = cbs.ThroughputMeter(self.global_batch)
         named: dict[str, Any] = {"guard": cbs.TrainingGuard(self.strategy)}
         # Evaluation and the target check come after the guard (no evaluation of a stopped
@@ -193,6 +192,7 @@ class Trainer:
         if cfg.tensorboard and self.strategy.is_chief:
             named["tensorboard"] = keras.callbacks.TensorBoard(
                 str(self.model_dir / "tensorboard"), write_graph=False)
+        # Last, so that each measured step includes the other callbacks' work.
         named["meter"] = meter
         return named
 
