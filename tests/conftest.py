@@ -20,11 +20,12 @@ TINY = ["--model=tiny_cnn", "--image_size=16", "--num_classes=4", "--batch_size=
 
 def run_process(
     command: list[str], timeout: float = 240, env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
 ) -> subprocess.CompletedProcess[str]:
-    """Runs ``command`` from the repo root in its own process group; on timeout the whole
-    group is killed and the test fails with the output so far."""
+    """Runs ``command`` from ``cwd`` (the repo root) in its own process group; on timeout the
+    whole group is killed and the test fails with the output so far."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

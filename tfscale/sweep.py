@@ -133,5 +133,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The ``tfscale-sweep`` command."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    entry()

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 INSTALL_HINT = (
-    "Horovod is not importable in this environment. Run `bash launch/setup.sh` from a tfscale "
-    "checkout (it builds Horovod 0.28.1 with TensorFlow and Gloo into .venv; see BUILD.md), or "
-    "pick --strategy default|mirrored|multiworker."
+    "Horovod is not importable in this environment. Build Horovod 0.28.1 with TensorFlow and "
+    "Gloo from a tfscale checkout: `bash launch/setup.sh` for the checkout's .venv, or "
+    "`launch/build_horovod.sh /path/to/python` for another environment that has TensorFlow "
+    "(see BUILD.md); or pick --strategy default|mirrored|multiworker."
 )
 _OPS = ("mean", "sum", "max", "min")
 
