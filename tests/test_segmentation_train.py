@@ -90,9 +90,12 @@ def test_horovod_two_workers_with_class_weights(tmp_path: Path) -> None:
         "--num_processes=2",
         "--precision=mixed_float16",
         "--class_weights=0.2,3,3",
+        "--validation_steps=2",
         f"--model_dir={tmp_path}",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = read_results(tmp_path)
     assert results["num_workers"] == 2
-    _check_metrics(results)
+    _check_metrics(results, ("", "val_"))
+    # 2 workers x 2 batches of 2 samples, through one summed confusion matrix.
+    assert [e["examples"] for e in results["evaluations"]] == [8]
