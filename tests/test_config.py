@@ -14,7 +14,7 @@ from tfscale.config import TrainConfig
     ("changes", "message"),
     [
         ({"precision": "fp8"}, "--precision='fp8' is not valid; choose one of: fp32, "
-                               "mixed_float16, mixed_bfloat16"),
+                               "mixed_float16, mixed_bfloat16, auto"),
         ({"xla": "yes"}, "--xla='yes' is not valid; choose one of: off, jit, auto"),
         ({"batch_size": 0}, "--batch_size=0 is not valid; expected a value >= 1"),
         ({"num_processes": -1}, "--num_processes=-1 is not valid"),

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
-PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16")
+PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16", "auto")
 XLA_MODES = ("off", "jit", "auto")
 LR_SCALINGS = ("none", "linear")
 LR_SCHEDULES = ("constant", "cosine", "step", "polynomial")

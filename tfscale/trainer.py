@@ -27,7 +27,7 @@ import tensorflow as tf
 import input_pipelines
 import models
 from tfscale import callbacks as cbs
-from tfscale import cpu_binding, rank_zero, results, targets
+from tfscale import cpu_binding, precision, rank_zero, results, targets
 from tfscale.checkpointing import CheckpointManager
 from tfscale.config import TrainConfig
 from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
@@ -99,11 +99,24 @@ def run(config: TrainConfig) -> dict[str, Any]:
         TrainingStopped: on a non-finite loss or preemption (with the exit code to use).
         ValueError: for bad data or checkpoints found while setting up.
     """
+    config = resolve_precision(config)
     configure_runtime(config)
     with running(create(config)) as strategy:
         rank_zero.set_rank(strategy.rank)
         trainer = Trainer(config, strategy)
         return trainer.evaluate_only() if config.eval_only else trainer.train()
+
+
+def resolve_precision(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``--precision=auto`` replaced by what this machine computes natively
+    (:mod:`tfscale.precision`); warns once when an explicit mixed precision is emulated."""
+    hardware = precision.detect()
+    chosen, warning = precision.resolve(config.precision, hardware)
+    if warning:
+        rank_zero.log(f"warning: {warning}")
+    if chosen != config.precision:
+        rank_zero.log(f"--precision=auto: {chosen} on this {hardware.describe()}")
+    return config.replace(precision=chosen)
 
 
 class Trainer:
