@@ -69,4 +69,4 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
     transform = classification_transform(config, split,
                                          run_preprocessing(config, shard, split))
     return mechanics.batches(files.paths, files.counts, mechanics.read_tfrecords, parse,
-                             transform, config, shard, split, batch_size)
+                             transform, files.reading(config), shard, split, batch_size)

@@ -107,5 +107,6 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
         return tf.ensure_shape(data, sample_shape), tf.ensure_shape(labels, label_shape)
 
     return mechanics.batches(files.paths, files.counts, read_sample_refs, parse,
-                             segmentation_transform(stats, config, split), config, shard, split,
+                             segmentation_transform(stats, config, split),
+                             files.reading(config), shard, split,
                              batch_size)

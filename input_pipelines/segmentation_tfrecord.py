@@ -49,5 +49,6 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
                                          config.num_classes, "sample")
         files = files.without(corrupt, config, shard, split)
     return mechanics.batches(files.paths, files.counts, mechanics.read_tfrecords, parse,
-                             segmentation_transform(stats, config, split), config, shard, split,
+                             segmentation_transform(stats, config, split),
+                             files.reading(config), shard, split,
                              batch_size)

@@ -35,6 +35,11 @@ class WorkerFiles:
     counts: list[int]  # records per file
     entries: dict[str, dict[str, Any]]  # manifest entries by original path
     first_source: str  # the split's first file, a reference every worker shares
+    record_sharding: bool = False  # each worker reads every file and keeps its own records
+
+    def reading(self, config: TrainConfig) -> TrainConfig:
+        """``config`` with the record-level sharding these files are read with."""
+        return config.replace(record_sharding=self.record_sharding)
 
     @property
     def bytes(self) -> int:
@@ -85,7 +90,11 @@ def worker_files(config: TrainConfig, shard: Shard, split: str, count: Counter,
             record count differs from the manifest's.
     """
     every = split_files(config.data_dir, split, suffixes)
-    mine = shard_files(every, shard, config.record_sharding)
+    # Evaluation counts every example once however the split is sharded, so a validation
+    # split with fewer files than workers is sharded by record instead of refused.
+    record_sharding = config.record_sharding or (split == "validation"
+                                                 and len(every) < shard.count)
+    mine = shard_files(every, shard, record_sharding)
     entries = entries_for(every)
     corrupt: list[CorruptFileError] = []
     paths = mine
@@ -112,7 +121,7 @@ def worker_files(config: TrainConfig, shard: Shard, split: str, count: Counter,
         counts.append(records)
     if corrupt:
         report_skipped(shard, split, corrupt, len(mine))
-    return WorkerFiles(kept_paths, kept_sources, counts, entries, every[0])
+    return WorkerFiles(kept_paths, kept_sources, counts, entries, every[0], record_sharding)
 
 
 def _count(path: str, source: str, count: Counter, entry: dict[str, Any] | None) -> int:

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from input_pipelines import PIPELINES, image_preprocessing, preprocessing_choice
+from input_pipelines.errors import DataError
 from input_pipelines.preprocessing_choice import Preprocessing, resolve_preprocessing
 from input_pipelines.registry import Shard
 from tests.pipeline_data import (
@@ -166,3 +167,21 @@ def test_image_folder_two_workers_split_the_images(tmp_path, record_sharding):
             assert len(match) == 1 and labels[0] == int(Path(match[0]).parent.name[1:])
             seen += match
     assert sorted(seen) == sorted(expected)
+
+
+
+def test_a_validation_split_with_fewer_files_than_workers_is_sharded_by_record(tmp_path):
+    write_imagenet(tmp_path, files=1, per_file=4, split="train")
+    write_imagenet(tmp_path, files=1, per_file=7, split="validation")
+    cfg = config(tmp_path, "imagenet")
+    seen = []
+    for shard in (Shard(0, 2), Shard(1, 2)):
+        batches = PIPELINES.get("imagenet")(cfg, shard, "validation", 4)
+        labels = [int(y) for _, ys in batches.dataset.as_numpy_iterator() for y in ys]
+        assert len(labels) == batches.examples
+        seen += labels
+    # Each of the 7 images exactly once (the label of record r is r % 4).
+    assert sorted(seen) == sorted(r % 4 for r in range(7))
+    # Training keeps file-level sharding: one file for two workers is still refused.
+    with pytest.raises(DataError, match="1 files in .* for 2 workers"):
+        PIPELINES.get("imagenet")(cfg, Shard(0, 2), "train", 4)
