@@ -81,15 +81,12 @@ def resolve_preprocessing(config: TrainConfig, stats: PixelStats | None) -> Prep
 
     Raises:
         ValueError: ``--normalization=dataset`` without statistics (naming the files looked
-            for and how to make them), or ``--augment=none`` with ``--horizontal_flip=on``.
+            for and how to make them).
     """
     large = config.image_size >= LARGE
     augment = config.augment
     if augment == "auto":
         augment = "imagenet" if large else "small"
-    if augment == "none" and config.horizontal_flip == "on":
-        raise ValueError("--augment=none takes the whole image unchanged, so it cannot flip: "
-                         "use --augment=flip for flips only, or drop --horizontal_flip=on")
     if config.horizontal_flip == "auto":
         flip = augment != "none" and not (config.augment == "auto" and augment == "small")
     else:

@@ -182,6 +182,9 @@ def validate(cfg: TrainConfig) -> None:
                          "each epoch needs at least one step")
     if cfg.warmup_steps and cfg.steps and cfg.warmup_steps > cfg.steps:
         raise ValueError(f"--warmup_steps={cfg.warmup_steps} exceeds --steps={cfg.steps}")
+    if cfg.augment == "none" and cfg.horizontal_flip == "on":
+        raise ValueError("--augment=none takes the whole image unchanged, so it cannot flip: "
+                         "use --augment=flip for flips only, or drop --horizontal_flip=on")
     if not 0 <= cfg.eval_crop_fraction <= 1:
         raise ValueError(f"--eval_crop_fraction={cfg.eval_crop_fraction} is not valid; expected "
                          "a fraction of the shorter side in (0, 1], or 0 for the dataset's default")
