@@ -100,6 +100,26 @@ def test_missing_horovod_says_how_to_install(monkeypatch) -> None:  # type: igno
         hvd.rank()
 
 
+@requires_horovod
+def test_load_model_wraps_the_saved_optimizer_and_options_are_validated(tmp_path: Path) -> None:
+    import tfscale.horovod as hvd
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = hvd.load_model(str(tmp_path / "m.keras"))
+    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+    assert type(loaded.optimizer).__module__ == keras.optimizers.Adam.__module__
+    assert int(loaded.optimizer.iterations.numpy()) == 1
+    with pytest.raises(ValueError, match="already reduces"):
+        hvd.DistributedOptimizer(loaded.optimizer)
+    with pytest.raises(ValueError, match="supports Average and Sum"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max)
+    with pytest.raises(ValueError, match="backward_passes_per_step=0"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
+
+
 # --- under horovodrun -------------------------------------------------------------------------
 
 def _horovod(out: Path, *flags: str) -> list[dict[str, Any]]:
