@@ -66,8 +66,10 @@ class Evaluation(keras.callbacks.Callback):
         return record
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.every:  # no per-step host read of the step counter when unused
+            return
         step = self.step
-        if self.every and step % self.every == 0 and not self.model.stop_training:
+        if step % self.every == 0 and not self.model.stop_training:
             self.evaluate(round(step / self.steps_per_epoch, 4))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
