@@ -26,7 +26,7 @@ run, so an interrupted benchmark keeps what it measured) and the plot
 ``docs/accuracy/accuracy.png`` (validation accuracy against wall-clock seconds and against
 epochs, one line per run, mean over seeds).
 
-    python -m bench.accuracy [--epochs 30] [--seeds 0,1] [--runs default,horovod x2]
+    python -m bench.accuracy [--epochs 30] [--seeds 0,1] [--runs default,horovod x2] [--append]
 
 About 40 minutes on 2 cores with two seeds. Needs scikit-learn (requirements-dev.txt) and
 Horovod.
@@ -35,6 +35,7 @@ Horovod.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -183,6 +184,20 @@ def report(result: dict[str, Any]) -> str:
             f"val_accuracy {result['target']}\n\n{table(result['rows'], columns)}\n\n{checks}")
 
 
+def previous_runs(epochs: int) -> list[dict[str, Any]]:
+    """The runs of an earlier ``bench.accuracy`` to extend; refused when they were measured on
+    another CPU or for another number of epochs (their figures would not compare)."""
+    path = ROOT / "bench" / "results" / "accuracy.json"
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    if earlier["cpu"] != cpu_description() or earlier["epochs"] != epochs:
+        raise SystemExit(f"--append: {path} was measured with {earlier['epochs']} epochs on "
+                         f"{earlier['cpu']!r}; this run is {epochs} epochs on "
+                         f"{cpu_description()!r}. Run without --append to start afresh.")
+    return list(earlier["runs"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=EPOCHS)
@@ -191,12 +206,16 @@ def main() -> None:
     parser.add_argument("--runs", default=",".join(["keras", *RUNS]),
                         help="comma-separated run names")
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "tfscale-digits")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the runs already in bench/results/accuracy.json (measured on "
+                             "the same CPU) and add these seeds to them")
     args = parser.parse_args()
     data_dir = prepare(args.data)
     seeds = [int(s) for s in args.seeds.split(",")]
-    runs: list[dict[str, Any]] = []
-    result: dict[str, Any] = {"cpu": cpu_description(), "epochs": args.epochs,
-                              "target": args.target, "seeds": seeds, "runs": runs}
+    runs: list[dict[str, Any]] = previous_runs(args.epochs) if args.append else []
+    result: dict[str, Any] = {
+        "cpu": cpu_description(), "epochs": args.epochs, "target": args.target,
+        "seeds": sorted({*seeds, *(r["seed"] for r in runs)}), "runs": runs}
     # Seeds outermost, so an interrupted run still has every configuration at least once.
     for seed in seeds:
         for name in args.runs.split(","):
