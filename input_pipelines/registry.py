@@ -30,27 +30,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tfscale.registry import Registry
+from tfscale.shard import Shard  # re-exported: pipelines take it, strategies make it
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from tfscale.config import TrainConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """The part of the data one worker process reads."""
-
-    index: int = 0
-    count: int = 1
-    local_index: int = 0
-    local_count: int = 1
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.index < self.count:
-            raise ValueError(f"shard index {self.index} is not in [0, {self.count})")
-        if not 0 <= self.local_index < self.local_count:
-            raise ValueError(f"local index {self.local_index} is not in [0, {self.local_count})")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import horovodrun, requires_horovod, run_process
 from tests.equivalence import load_weights, max_abs_diff
 from tests.workers.hvd_keras_fit import ACCUMULATE_BATCH, accumulation_data, dense_model
+from tfscale.collectives import horovod as runtime
 from tfscale.horovod import callbacks as hvd_callbacks
-from tfscale.horovod import runtime
 
 WORKER = [sys.executable, "-m", "tests.workers.hvd_keras_fit"]
 

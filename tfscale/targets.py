@@ -17,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+from typing import TYPE_CHECKING
 
-from tfscale.config import TrainConfig
+if TYPE_CHECKING:
+    from tfscale.config import TrainConfig
 
 DIRECTIONS = ("min", "max")
 TOP5_MIN_CLASSES = 6  # top-5 accuracy is reported when it is not trivially 1

@@ -9,7 +9,7 @@ from typing import Any
 
 import keras
 
-from tfscale.callbacks.collectives import Collectives
+from tfscale.collectives.interface import Collectives
 
 
 class TrainingGuard(keras.callbacks.Callback):

@@ -7,7 +7,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfscale.callbacks.collectives import Collectives, default_collectives
+from tfscale.collectives.interface import Collectives, default_collectives
 
 
 class MetricAverage(keras.callbacks.Callback):

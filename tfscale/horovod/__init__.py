@@ -21,13 +21,15 @@ Horovod's own, looked up on first use. Horovod ops cannot run inside an XLA-comp
 in tfscale's build, and Keras 3's default ``jit_compile="auto"`` compiles the training step
 with XLA when a GPU is visible: on GPUs pass ``jit_compile=False`` to ``compile``. See
 docs/MIGRATING.md.
+
+This package is the public face only: the functions and the optimizer live in the collectives
+layer (:mod:`tfscale.collectives`), which tfscale's strategies and callbacks share;
+``hvd.callbacks`` sits on :mod:`tfscale.callbacks`, which sits on that layer.
 """
 
 from typing import Any
 
-from tfscale.horovod import callbacks
-from tfscale.horovod.optimizer import DistributedOptimizer, load_model
-from tfscale.horovod.runtime import (
+from tfscale.collectives.horovod import (
     allgather,
     allreduce,
     broadcast,
@@ -42,6 +44,8 @@ from tfscale.horovod.runtime import (
     shutdown,
     size,
 )
+from tfscale.collectives.optimizer import DistributedOptimizer, load_model
+from tfscale.horovod import callbacks
 
 # Names that are Horovod's own objects, the same under Keras 2 and 3.
 _FROM_HOROVOD = ("Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression",
@@ -52,7 +56,7 @@ _FROM_HOROVOD = ("Average", "Sum", "Adasum", "Min", "Max", "Product", "Compressi
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_HOROVOD:
-        from tfscale.horovod.runtime import import_horovod
+        from tfscale.collectives.horovod import import_horovod
 
         return getattr(import_horovod(), name)
     raise AttributeError(f"module 'tfscale.horovod' has no attribute {name!r}")

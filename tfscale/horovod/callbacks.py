@@ -17,8 +17,8 @@ import keras
 
 from tfscale import rank_zero
 from tfscale.callbacks import BroadcastInitialState, ChiefOnly, MetricAverage
-from tfscale.horovod import runtime
-from tfscale.horovod.runtime import HorovodCollectives
+from tfscale.collectives import horovod as runtime
+from tfscale.collectives.horovod import HorovodCollectives
 
 
 class BroadcastGlobalVariablesCallback(BroadcastInitialState):

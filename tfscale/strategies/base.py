@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from input_pipelines.registry import Shard
+from tfscale.shard import Shard
 
 if TYPE_CHECKING:
     import keras

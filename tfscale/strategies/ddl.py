@@ -6,7 +6,7 @@ What DDL gave a TensorFlow program, and where it lives here:
   then; horovodrun, mpirun, srun, jsrun or ``--num_processes`` here).
 - Gradients are averaged by a topology-aware all-reduce: reduce-scatter inside a node,
   all-reduce across nodes, all-gather inside a node
-  (:mod:`tfscale.strategies.hierarchical`), on gradients fused into one buffer.
+  (:mod:`tfscale.collectives.hierarchical`), on gradients fused into one buffer.
 - The callback pair (:mod:`tfscale.callbacks.ddl`): a metric sync that comes first and a
   global-variables broadcast that comes last. In ``tfscale.train`` the strategy's callbacks are
   placed before the trainer's own, so the sync is first; the trainer restores checkpoints before
@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from tfscale.horovod.optimizer import with_gradient_reduction
-from tfscale.strategies.hierarchical import HierarchicalAllReduce, start_horovod
+from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
+from tfscale.collectives.optimizer import with_gradient_reduction
 from tfscale.strategies.horovod import HorovodStrategy, horovod_knobs
 
 if TYPE_CHECKING:

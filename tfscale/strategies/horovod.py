@@ -1,11 +1,11 @@
 """The ``horovod`` strategy: one process per replica on Horovod's TensorFlow ops.
 
-Horovod's own Keras layer does not support Keras 3; the strategy uses tfscale's
-(:mod:`tfscale.horovod`, the same code users' own scripts import):
+Horovod's own Keras layer does not support Keras 3; the strategy uses tfscale's collectives layer
+(:mod:`tfscale.collectives`, the same code users' scripts reach through :mod:`tfscale.horovod`):
 
 - gradients are averaged by one ``grouped_allreduce`` (Horovod fuses the group into few
   buffers: tensor fusion) inside the optimizer's ``apply``, which Keras 3 traces into the
-  training function (:func:`tfscale.horovod.DistributedOptimizer`);
+  training function (:func:`tfscale.collectives.DistributedOptimizer`);
 - initial weights and optimizer state are broadcast from rank 0;
 - logged metrics are averaged across workers at the end of each epoch.
 
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tfscale.horovod.optimizer import DistributedOptimizer
-from tfscale.horovod.runtime import HorovodCollectives, import_horovod
+from tfscale.collectives.horovod import HorovodCollectives, import_horovod
+from tfscale.collectives.optimizer import DistributedOptimizer
 from tfscale.strategies.base import Strategy
 
 if TYPE_CHECKING:
@@ -138,6 +138,8 @@ class HorovodStrategy(Strategy):
                                     if self.config.fp16_allreduce else compression.none)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
+        # Imported here: the callbacks load Keras, which reading the class (--help, job
+        # scripts) does not need.
         from tfscale.callbacks import BroadcastInitialState, MetricAverage
 
         return [BroadcastInitialState(self.comm), MetricAverage(self.comm)]

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from tfscale.horovod.runtime import import_horovod
+from tfscale.collectives.horovod import import_horovod
 
 DYNAMIC_SETS_HINT = (
     "several nodes of several processes need Horovod process sets registered after start-up: "
@@ -205,7 +205,7 @@ class HierarchicalAllReduce:
     """Sums or averages lists of tensors over all processes in the three phases above.
 
     Calling it averages (the gradient reduction of the ``ddl`` strategy; pass it to
-    :func:`tfscale.strategies.horovod.with_gradient_reduction`); :meth:`sum` sums.
+    :func:`tfscale.collectives.optimizer.with_gradient_reduction`); :meth:`sum` sums.
     Build one per Horovod session with :meth:`create` (it registers the process sets); copies
     made with ``dataclasses.replace`` share the sets.
 

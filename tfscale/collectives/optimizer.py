@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tfscale.horovod.runtime import import_horovod
+from tfscale.collectives.horovod import import_horovod
 
 if TYPE_CHECKING:
     import keras

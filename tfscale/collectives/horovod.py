@@ -6,7 +6,8 @@ Keras 3 objects need it: Keras variables are broadcast through their ``.value`` 
 ``tf.Variable``). :class:`HorovodCollectives` offers the same operations on small float64
 vectors with string ops, for tfscale's strategies and callbacks.
 
-Horovod is imported on first use, so importing this module needs only TensorFlow.
+Horovod, TensorFlow and Keras are imported on first use, so importing this module loads none
+of them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the distributed callbacks need from a communication backend."""
+"""What strategies and callbacks need from a communication backend: collectives on host values."""
 
 from __future__ import annotations
 
@@ -29,6 +29,6 @@ def default_collectives(comm: Collectives | None) -> Collectives:
     """``comm``, or Horovod's collectives for a user script that passes none."""
     if comm is not None:
         return comm
-    from tfscale.horovod.runtime import HorovodCollectives
+    from tfscale.collectives.horovod import HorovodCollectives
 
     return HorovodCollectives()

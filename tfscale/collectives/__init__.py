@@ -1,0 +1,23 @@
+"""The bottom layer: collectives, the Horovod runtime and the gradient all-reduce algorithms.
+
+Strategies (:mod:`tfscale.strategies`), callbacks (:mod:`tfscale.callbacks`), the Horovod API
+for users' scripts (:mod:`tfscale.horovod`) and users' own loops all build on it; it imports
+none of them. TensorFlow, Keras and Horovod are imported inside the functions that use them,
+so that reading a strategy class (for ``--help`` or a job script) stays free of them.
+
+- :mod:`~tfscale.collectives.interface`: :class:`Collectives`, what strategies and callbacks
+  exchange (small float64 vectors, Keras variables);
+- :mod:`~tfscale.collectives.horovod`: Horovod's process group and collectives for Keras 3;
+- :mod:`~tfscale.collectives.optimizer`: gradient reduction inside a Keras 3 optimizer
+  (Horovod's ``DistributedOptimizer``, or any reduce function);
+- :mod:`~tfscale.collectives.hierarchical`: the topology-aware all-reduce of the ``ddl``
+  strategy.
+"""
+
+from tfscale.collectives.hierarchical import HierarchicalAllReduce, Topology
+from tfscale.collectives.horovod import HorovodCollectives, import_horovod
+from tfscale.collectives.interface import Collectives, default_collectives
+from tfscale.collectives.optimizer import DistributedOptimizer, with_gradient_reduction
+
+__all__ = ["Collectives", "DistributedOptimizer", "HierarchicalAllReduce", "HorovodCollectives",
+           "Topology", "default_collectives", "import_horovod", "with_gradient_reduction"]
