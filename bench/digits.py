@@ -3,8 +3,8 @@ folder of PNGs, converted the way a user converts their own folder.
 
 scikit-learn ships 1,797 labelled 8x8 digit scans (16 grey levels) inside the package. They are
 upscaled (bilinear) to ``size`` x ``size`` 8-bit PNGs in one sub-folder per class, then
-``python -m input_pipelines.folder_to_tfrecord --validation_fraction 0.2`` holds out a fifth of
-each class and writes TFRecord shards with ``manifest.json``.
+``python -m input_pipelines.tools.folder_to_tfrecord --validation_fraction 0.2`` holds out a
+fifth of each class and writes TFRecord shards with ``manifest.json``.
 
     python -m bench.digits --out /tmp/digits [--size 32]   # prints the TFRecord directory
 
@@ -58,7 +58,7 @@ def prepare(out: Path, size: int = 32, shards: int = 4) -> Path:
     if not (records / "manifest.json").exists():
         folder = write_folder(out, size)
         subprocess.run(
-            [sys.executable, "-m", "input_pipelines.folder_to_tfrecord", "--input_dir",
+            [sys.executable, "-m", "input_pipelines.tools.folder_to_tfrecord", "--input_dir",
              str(folder), "--output_dir", str(records), "--shards", str(shards),
              "--validation_shards", str(shards), "--validation_fraction", "0.2",
              "--encoding", "keep"], cwd=ROOT, check=True, capture_output=True)

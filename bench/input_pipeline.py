@@ -2,7 +2,7 @@
 ResNet-50 training consumes on this machine.
 
 Writes a folder of ImageNet-sized JPEGs (smooth synthetic pictures, 500x375 by default),
-converts it with ``python -m input_pipelines.folder_to_tfrecord``, then measures training
+converts it with ``python -m input_pipelines.tools.folder_to_tfrecord``, then measures training
 batches per second (random-resized crop fused with decoding, flip, normalize, 224x224, batch
 32) of:
 
@@ -36,11 +36,13 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.common import run_script, save, table  # noqa: E402
-from input_pipelines import PIPELINES, folder_to_tfrecord, imagenet  # noqa: E402
-from input_pipelines.files import split_files  # noqa: E402
-from input_pipelines.image_preprocessing import classification_transform  # noqa: E402
-from input_pipelines.preprocessing_choice import preprocessing_for  # noqa: E402
+from input_pipelines import PIPELINES  # noqa: E402
+from input_pipelines.core.files import split_files  # noqa: E402
+from input_pipelines.core.image_preprocessing import classification_transform  # noqa: E402
+from input_pipelines.core.preprocessing_choice import preprocessing_for  # noqa: E402
+from input_pipelines.datasets import imagenet  # noqa: E402
 from input_pipelines.registry import Shard  # noqa: E402
+from input_pipelines.tools import folder_to_tfrecord  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
 
 TARGET_VS_NAIVE = 1.8

@@ -48,17 +48,16 @@ class Batches:
 
 PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
 BUILTIN = ("image_folder", "imagenet", "segmentation_h5", "segmentation_tfrecord", "synthetic",
-           "synthetic_segmentation")
+           "synthetic_seg")
 
 
 def _load_builtin() -> None:
     for module in BUILTIN:
-        importlib.import_module(f"input_pipelines.{module}")
+        importlib.import_module(f"input_pipelines.datasets.{module}")
 
 
-# The built-in pipelines are imported on the first lookup, not with the package: the package's
-# tools (``python -m input_pipelines.stats`` ...) are modules those pipelines import, and runpy
-# warns when a module it is about to run was imported already.
+# The built-in pipelines are imported on the first lookup, not with the package: they import
+# TensorFlow, which a tool or a command that only parses flags does not need.
 PIPELINES: Registry[PipelineBuilder] = Registry("dataset", _load_builtin)
 SPLITS = ("train", "validation")
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import folder_to_tfrecord, segmentation_records, segmentation_to_tfrecord
-from input_pipelines.manifest import sha256_file
-from input_pipelines.stats import compute
+from input_pipelines.core import segmentation_records
+from input_pipelines.core.manifest import sha256_file
+from input_pipelines.core.stats import compute
+from input_pipelines.tools import folder_to_tfrecord, segmentation_to_tfrecord
 from tests.pipeline_data import seg_sample, write_h5, write_image_folder
 
 

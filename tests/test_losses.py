@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import class_weights
-from input_pipelines.class_weights import parse_class_weights, weights_from_counts
+from input_pipelines.tools import class_weights
+from tfscale.class_weights import parse_class_weights, weights_from_counts
 from tfscale.config import TrainConfig
 from tfscale.losses import WeightedCrossEntropy, build_loss
 from tfscale.metrics import build_metrics

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import PIPELINES, image_preprocessing, preprocessing_choice
-from input_pipelines.errors import DataError
-from input_pipelines.preprocessing_choice import Preprocessing, resolve_preprocessing
+from input_pipelines import PIPELINES
+from input_pipelines.core import image_preprocessing, preprocessing_choice
+from input_pipelines.core.errors import DataError
+from input_pipelines.core.preprocessing_choice import Preprocessing, resolve_preprocessing
 from input_pipelines.registry import Shard
 from tests.pipeline_data import (
     ONE,

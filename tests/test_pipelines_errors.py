@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import PIPELINES, checks, stats
+from input_pipelines import PIPELINES
+from input_pipelines.core import checks
 from input_pipelines.registry import Shard
+from input_pipelines.tools import stats
 from tests.conftest import run_train
 from tests.pipeline_data import (
     ONE,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import mechanics
-from input_pipelines.errors import DataError
-from input_pipelines.files import shard_files, split_files
+from input_pipelines.core import mechanics
+from input_pipelines.core.errors import DataError
+from input_pipelines.core.files import shard_files, split_files
 from input_pipelines.registry import Shard
 from tests.pipeline_data import SHARDS_2, config
 

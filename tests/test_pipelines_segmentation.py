@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from input_pipelines import PIPELINES, segmentation_to_tfrecord, stats
+from input_pipelines import PIPELINES
 from input_pipelines.registry import Shard
+from input_pipelines.tools import segmentation_to_tfrecord, stats
 from tests.pipeline_data import ONE, SHARDS_2, config, seg_sample, write_h5
 
 
@@ -135,7 +136,7 @@ def test_a_glob_selects_training_files(tmp_path):
 
 def test_stats_are_required_and_must_fit_the_configuration(tmp_path):
     write_climate(tmp_path, {"train/a.h5": [0, 1]})
-    with pytest.raises(ValueError, match="python -m input_pipelines.stats --data_dir"):
+    with pytest.raises(ValueError, match="python -m input_pipelines.tools.stats --data_dir"):
         read("segmentation_h5", tmp_path, "train", 1)
     make_stats(tmp_path)
     with pytest.raises(ValueError, match="samples have 2 channels but --input_channels=3"):

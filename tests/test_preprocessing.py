@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import PIPELINES, folder_to_tfrecord, image_preprocessing, preview, stats
-from input_pipelines.preprocessing_choice import (
+from input_pipelines import PIPELINES
+from input_pipelines.core import image_preprocessing
+from input_pipelines.core.preprocessing_choice import (
     MEAN_RGB,
     STDDEV_RGB,
     PixelStats,
     Preprocessing,
     resolve_preprocessing,
 )
+from input_pipelines.tools import folder_to_tfrecord, preview, stats
 from tests.pipeline_data import ONE, config
 
 
@@ -79,7 +81,7 @@ def test_dataset_statistics_are_used_when_present_and_required_when_asked():
     assert (got.normalization, got.mean, got.std) == ("dataset", found.mean, found.std)
     assert resolved(16, found, normalization="imagenet").normalization == "imagenet"
     with pytest.raises(ValueError, match=r"--normalization=dataset.*manifest\.json or "
-                                         r"stats\.json.*input_pipelines\.stats"):
+                                         r"stats\.json.*input_pipelines\.tools\.stats"):
         resolved(16, None, normalization="dataset")
 
 

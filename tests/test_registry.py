@@ -96,8 +96,10 @@ def test_package_tools_run_without_runpy_warnings() -> None:
 
     from tests.conftest import ROOT
 
-    for tool in ("stats", "synthetic_fields", "class_weights", "folder_to_tfrecord"):
-        proc = subprocess.run([sys.executable, "-m", f"input_pipelines.{tool}", "--help"],
+    tools = sorted(p.stem for p in (ROOT / "input_pipelines" / "tools").glob("[a-z]*.py"))
+    assert len(tools) == 6, tools
+    for tool in tools:
+        proc = subprocess.run([sys.executable, "-m", f"input_pipelines.tools.{tool}", "--help"],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "RuntimeWarning" not in proc.stderr, proc.stderr

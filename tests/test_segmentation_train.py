@@ -29,7 +29,7 @@ def _weights_file(tmp_path: Path) -> Path:
         [
             sys.executable,
             "-m",
-            "input_pipelines.class_weights",
+            "input_pipelines.tools.class_weights",
             "--dataset=synthetic_seg",
             "--image_size=32",
             "--input_channels=16",

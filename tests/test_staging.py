@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from input_pipelines import PIPELINES, folder_to_tfrecord
-from input_pipelines.errors import CorruptFileError
-from input_pipelines.files import shard_files, split_files
-from input_pipelines.manifest import entries_for
-from input_pipelines.staging import stage
+from input_pipelines import PIPELINES
+from input_pipelines.core.errors import CorruptFileError
+from input_pipelines.core.files import shard_files, split_files
+from input_pipelines.core.manifest import entries_for
+from input_pipelines.core.staging import stage
+from input_pipelines.tools import folder_to_tfrecord
 from tests.pipeline_data import SHARDS_2, config, write_image_folder, write_imagenet
 
 

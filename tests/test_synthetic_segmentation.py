@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import input_pipelines
-from input_pipelines import synthetic_fields as synth
+from input_pipelines.core import synthetic_fields as synth
 from input_pipelines.registry import Shard
+from input_pipelines.tools import synthetic_h5
 from tfscale.config import TrainConfig
 
 SIZE, CHANNELS, CLASSES = 48, 16, 3
@@ -153,7 +154,7 @@ def test_h5_files_hold_the_pipeline_samples(tmp_path: Path, per_file: int) -> No
 
 
 def test_h5_cli_writes_train_and_validation(tmp_path: Path) -> None:
-    code = synth.main(
+    code = synthetic_h5.main(
         [
             f"--out={tmp_path}",
             "--train=4",

@@ -51,7 +51,7 @@ HELP: dict[str, str] = {
     "224 of 256); 0 = auto: 0.875 for --image_size >= 128, else 1.0 (the whole image).",
     "normalization": "Pixel normalization. imagenet: ImageNet mean/std; dataset: the training "
     "data's per-channel mean/std from the converter's manifest.json or, for image folders, the "
-    "stats.json of python -m input_pipelines.stats; none: pixels / 255. auto: dataset when "
+    "stats.json of python -m input_pipelines.tools.stats; none: pixels / 255. auto: dataset when "
     "those statistics exist, else imagenet.",
     "eval_every": "Also evaluate on the whole validation split every N steps (0 = at the end of "
     "each epoch only).",
@@ -73,7 +73,7 @@ HELP: dict[str, str] = {
     "lars_exclude_bias_bn": "Exclude biases and batch-norm parameters from LARS/LARC adaptation "
     "and weight decay.",
     "class_weights": "Per-class loss weights: comma-separated numbers or a JSON file written by "
-    "input_pipelines.class_weights.",
+    "python -m input_pipelines.tools.class_weights.",
     "label_smoothing": "Label smoothing for classification.",
     "precision": "Compute precision (mixed = float16/bfloat16 compute, float32 variables). auto: "
     "bfloat16 where the device computes it natively (CPUs with AVX512_BF16/AMX, GPUs from compute "

@@ -1,7 +1,7 @@
 """Loss functions by task.
 
 Both tasks use sparse softmax cross-entropy on float32 logits: per example for classification,
-per pixel for segmentation. ``--class_weights`` (see :mod:`input_pipelines.class_weights`)
+per pixel for segmentation. ``--class_weights`` (see :mod:`tfscale.class_weights`)
 weights each example or pixel by the weight of its true class, and ``--label_smoothing``
 smooths the target distribution. The loss is the mean over examples (and pixels) of the
 weighted terms, so a class of weight 0 contributes nothing, and it is always computed in
@@ -16,7 +16,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from input_pipelines.class_weights import parse_class_weights
+from tfscale.class_weights import parse_class_weights
 from tfscale.config import TrainConfig
 
 TASKS = ("classification", "segmentation")

@@ -7,7 +7,7 @@ import warnings
 
 import input_pipelines
 import models
-from input_pipelines.class_weights import parse_class_weights
+from tfscale.class_weights import parse_class_weights
 from tfscale.config import TrainConfig
 from tfscale.strategies import STRATEGIES, load_plugins
 from tfscale.targets import check_evaluation

@@ -71,7 +71,7 @@ def parse_target(text: str) -> Target | None:
 
 def has_validation_split(data_dir: str) -> bool:
     """True when ``data_dir`` is a directory holding ``validation-*`` files or a
-    ``validation/`` folder (the layouts of :mod:`input_pipelines.files`)."""
+    ``validation/`` folder (the layouts of :mod:`input_pipelines.core.files`)."""
     if not data_dir or not os.path.isdir(data_dir):
         return False
     root = glob.escape(data_dir)

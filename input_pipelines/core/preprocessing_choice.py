@@ -1,8 +1,9 @@
 """Which preprocessing a classification run gets: the ``auto`` values of the flags resolved.
 
-``--augment``, ``--horizontal_flip``, ``--eval_crop_fraction`` and ``--normalization`` default
-to ``auto``; :func:`resolve_preprocessing` turns them into one :class:`Preprocessing`, so the
-pipelines, ``python -m input_pipelines.preview``, the docs and the tests agree on the defaults:
+``--augment``, ``--horizontal_flip``, ``--eval_crop_fraction`` and ``--normalization`` default to
+``auto``; :func:`resolve_preprocessing` turns them into one :class:`Preprocessing`, so the
+pipelines, ``python -m input_pipelines.tools.preview``, the docs and the tests agree on the
+defaults:
 
 - augment: ``imagenet`` (random-resized crop) for ``--image_size >= 128``, else ``small``
   (pad by 1/8 and random crop) - crops of 8% of a 32-pixel image leave nothing to learn from;
@@ -23,9 +24,9 @@ import dataclasses
 import os
 from typing import Any
 
-from input_pipelines.errors import DataError
-from input_pipelines.files import data_root
-from input_pipelines.manifest import MANIFEST, read_json
+from input_pipelines.core.errors import DataError
+from input_pipelines.core.files import data_root
+from input_pipelines.core.manifest import MANIFEST, read_json
 from tfscale.config import TrainConfig
 
 LARGE = 128  # images at least this many pixels a side get the ImageNet recipe
@@ -101,8 +102,8 @@ def resolve_preprocessing(config: TrainConfig, stats: PixelStats | None) -> Prep
                 f"--normalization=dataset: no statistics of the training images for "
                 f"--input_channels={config.input_channels} in {' or '.join(STATS_FILES)} under "
                 f"--data_dir={config.data_dir}; convert with python -m "
-                "input_pipelines.folder_to_tfrecord, or for an image folder run python -m "
-                f"input_pipelines.stats --data_dir {config.data_dir}, or choose "
+                "input_pipelines.tools.folder_to_tfrecord, or for an image folder run python -m "
+                f"input_pipelines.tools.stats --data_dir {config.data_dir}, or choose "
                 "--normalization=imagenet or none")
         return Preprocessing(augment, flip, crop, normalization, stats.mean, stats.std,
                              stats.path)

@@ -3,7 +3,7 @@
 The order matters for strictness: paths and globs are resolved first (naming what is missing),
 then the worker's share is taken (failing when there are fewer files than workers), staged if
 ``--stage_dir`` is set, and finally every file is opened and counted by a format-specific
-function that raises :class:`~input_pipelines.errors.CorruptFileError` for a damaged file. With
+function that raises :class:`~input_pipelines.core.errors.CorruptFileError` for a damaged file. With
 ``--skip_corrupt`` such files are left out and reported instead.
 """
 
@@ -14,13 +14,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from input_pipelines import report
-from input_pipelines.checks import label_error
-from input_pipelines.errors import CorruptFileError
-from input_pipelines.files import data_root, shard_files, split_files
-from input_pipelines.manifest import entries_for
+from input_pipelines.core import report
+from input_pipelines.core.checks import label_error
+from input_pipelines.core.errors import CorruptFileError
+from input_pipelines.core.files import data_root, shard_files, split_files
+from input_pipelines.core.manifest import entries_for
+from input_pipelines.core.staging import stage
 from input_pipelines.registry import Shard
-from input_pipelines.staging import stage
 from tfscale.config import TrainConfig
 
 Counter = Callable[[str], int]  # path -> records in the file; raises CorruptFileError

@@ -1,13 +1,13 @@
 """Classification straight from image folders (one sub-folder per class), for small data.
 
-Layout as in :mod:`input_pipelines.image_files`. Each image file is one record, so sharding is
-by image (``--record_sharding`` changes nothing). Before training each worker checks that its
+Layout as in :mod:`input_pipelines.core.class_folders`. Each image file is one record, so sharding
+is by image (``--record_sharding`` changes nothing). Before training each worker checks that its
 images look like images (their first bytes), and, when they total at most
-:data:`~input_pipelines.checks.FULL_CHECK_BYTES`, decodes every one; a bad image fails the run
-naming the file, or is skipped and reported with ``--skip_corrupt``. Preprocessing is that of
-the ``imagenet`` dataset (:mod:`input_pipelines.image_preprocessing`); pixel statistics for
+:data:`~input_pipelines.core.checks.FULL_CHECK_BYTES`, decodes every one; a bad image fails the run
+naming the file, or is skipped and reported with ``--skip_corrupt``. Preprocessing is that of the
+``imagenet`` dataset (:mod:`input_pipelines.core.image_preprocessing`); pixel statistics for
 ``--normalization=dataset`` come from ``DATA_DIR/stats.json`` (``python -m
-input_pipelines.stats --data_dir DATA_DIR``).
+input_pipelines.tools.stats --data_dir DATA_DIR``).
 """
 
 from __future__ import annotations
@@ -16,24 +16,24 @@ import os
 
 import tensorflow as tf
 
-from input_pipelines import checks, mechanics, report
-from input_pipelines.errors import CorruptFileError, DataError
-from input_pipelines.files import shard_files
-from input_pipelines.image_files import (
+from input_pipelines.core import checks, mechanics, report
+from input_pipelines.core.class_folders import (
     IMAGE_SUFFIXES,
     ImageFolder,
     check_signature,
     list_images,
 )
-from input_pipelines.image_preprocessing import (
+from input_pipelines.core.errors import CorruptFileError, DataError
+from input_pipelines.core.files import shard_files
+from input_pipelines.core.image_preprocessing import (
     classification_transform,
     decodes,
     run_preprocessing,
     validate_channels,
 )
+from input_pipelines.core.sources import report_skipped
+from input_pipelines.core.staging import stage
 from input_pipelines.registry import Batches, Shard, register
-from input_pipelines.sources import report_skipped
-from input_pipelines.staging import stage
 from tfscale.config import TrainConfig
 
 
@@ -47,7 +47,7 @@ def check_classes(folder: ImageFolder, num_classes: int) -> None:
 
 
 def read_image_file(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
-    """A :data:`~input_pipelines.mechanics.Reader`: an image file is one record, its path."""
+    """A :data:`~input_pipelines.core.mechanics.Reader`: an image file is one record, its path."""
     del count
     return tf.data.Dataset.from_tensors((first, path))
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from input_pipelines.errors import DataError
+from input_pipelines.core.errors import DataError
 from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 

@@ -2,11 +2,11 @@
 
 Files are ``.h5``/``.hdf5`` under ``DATA_DIR/train/``, ``DATA_DIR/validation/`` (or
 ``DATA_DIR/SPLIT-*.h5``, or directly in ``DATA_DIR`` for training only), laid out as in
-:mod:`input_pipelines.sample_files`. ``DATA_DIR/stats.json`` (``python -m input_pipelines.stats``)
-supplies the normalization and the dataset names (``data``/``labels`` unless the tool was given
-others). Before training each worker opens its files' metadata: a file that cannot be opened is
-corrupt (``--skip_corrupt`` skips it), and a file whose samples differ in shape from the split's
-first file fails the run naming both.
+:mod:`input_pipelines.core.sample_files`. ``DATA_DIR/stats.json`` (``python -m
+input_pipelines.tools.stats``) supplies the normalization and the dataset names (``data``/``labels``
+unless the tool was given others). Before training each worker opens its files' metadata: a file
+that cannot be opened is corrupt (``--skip_corrupt`` skips it), and a file whose samples differ in
+shape from the split's first file fails the run naming both.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from input_pipelines import checks, mechanics
-from input_pipelines.errors import CorruptFileError, DataError
-from input_pipelines.registry import Batches, Shard, register
-from input_pipelines.sample_files import (
+from input_pipelines.core import checks, mechanics
+from input_pipelines.core.errors import CorruptFileError, DataError
+from input_pipelines.core.sample_files import (
     DATA_KEY,
     H5_SUFFIXES,
     LABEL_KEY,
@@ -28,18 +27,19 @@ from input_pipelines.sample_files import (
     inspect,
     read_sample,
 )
-from input_pipelines.segmentation_common import (
+from input_pipelines.core.segmentation import (
     check_file_labels,
     check_sample_shape,
     required_stats,
     segmentation_transform,
 )
-from input_pipelines.sources import WorkerFiles, worker_files
+from input_pipelines.core.sources import WorkerFiles, worker_files
+from input_pipelines.registry import Batches, Shard, register
 from tfscale.config import TrainConfig
 
 
 def read_sample_refs(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
-    """A :data:`~input_pipelines.mechanics.Reader` yielding (path, index) references; the
+    """A :data:`~input_pipelines.core.mechanics.Reader` yielding (path, index) references; the
     samples themselves are read by the parallel map."""
     return tf.data.Dataset.range(count).map(lambda i: (first + i, (path, i)))
 
@@ -92,7 +92,7 @@ def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Bat
     if tuple(reference.sample_shape) != tuple(stats["sample_shape"]):
         raise DataError(f"{first}: samples have shape {reference.sample_shape} but "
                         f"{root}/stats.json was computed for {tuple(stats['sample_shape'])}; "
-                        "recompute it with python -m input_pipelines.stats")
+                        "recompute it with python -m input_pipelines.tools.stats")
     check_file_labels(stats, root, files.sources, config.num_classes)
     listed = {os.path.join(root, f) for f in stats.get("files", {})}
     _check_unlisted_labels(files, layouts, keys, listed, config.num_classes)

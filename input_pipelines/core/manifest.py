@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from input_pipelines.errors import DataError
+from input_pipelines.core.errors import DataError
 
 MANIFEST = "manifest.json"
 CHUNK = 4 * 2**20

@@ -1,6 +1,6 @@
 """Convert image folders (one sub-folder per class) to ImageNet-style TFRecord shards.
 
-    python -m input_pipelines.folder_to_tfrecord --input_dir /data/pets \\
+    python -m input_pipelines.tools.folder_to_tfrecord --input_dir /data/pets \\
         --output_dir /data/pets-tfrecord --shards 16 [--validation_shards 2] [--encoding jpeg]
 
 Reads ``INPUT_DIR/CLASS/*`` (or ``INPUT_DIR/{train,validation}/CLASS/*``; without a validation
@@ -28,18 +28,18 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from input_pipelines.errors import DataError
-from input_pipelines.image_files import ImageFolder, check_signature, list_images
-from input_pipelines.manifest import MANIFEST, write_json_atomic
-from input_pipelines.preprocessing_choice import STATS_KEY
-from input_pipelines.report import Progress
-from input_pipelines.shard_writer import (
+from input_pipelines.core.class_folders import ImageFolder, check_signature, list_images
+from input_pipelines.core.errors import DataError
+from input_pipelines.core.manifest import MANIFEST, write_json_atomic
+from input_pipelines.core.preprocessing_choice import STATS_KEY
+from input_pipelines.core.report import Progress
+from input_pipelines.core.shard_writer import (
     converter_parser,
     load_manifest,
     run_converter,
     write_split,
 )
-from input_pipelines.stats import ImageStats
+from input_pipelines.core.stats import ImageStats
 
 ENCODINGS = ("jpeg", "keep")
 
@@ -183,7 +183,7 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = converter_parser("input_pipelines.folder_to_tfrecord", __doc__.split("\n")[0],
+    parser = converter_parser("input_pipelines.tools.folder_to_tfrecord", __doc__.split("\n")[0],
                               "Folder of class sub-folders.")
     parser.add_argument("--encoding", default="jpeg", choices=ENCODINGS,
                         help="jpeg: store JPEG (re-encode other formats); keep: store as is.")

@@ -6,7 +6,7 @@ file surfaces as ``DataLossError: corrupted record at 12`` without the file's na
 pipelines scan each file first: the scan reads 12 bytes per record and seeks over the data,
 checking each length's CRC and that every record ends inside the file. It counts the records on
 the way. A damaged payload with an intact frame is found by the full check of small data
-(:mod:`input_pipelines.checks`) or the staging checksums (:mod:`input_pipelines.staging`).
+(:mod:`input_pipelines.core.checks`) or the staging checksums (:mod:`input_pipelines.core.staging`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Sequence
 
-from input_pipelines.errors import CorruptFileError
+from input_pipelines.core.errors import CorruptFileError
 
 _CASTAGNOLI = 0x82F63B78  # reversed CRC-32C polynomial
 _MASK_DELTA = 0xA282EAD8

@@ -1,6 +1,6 @@
 """Look at what a classification run will train and evaluate on: a PNG grid of images.
 
-    python -m input_pipelines.preview --dataset=imagenet --data_dir=/data/digits-tfr \\
+    python -m input_pipelines.tools.preview --dataset=imagenet --data_dir=/data/digits-tfr \\
         --image_size=32 --num_classes=10 --out=grid.png [--rows=4 --columns=8] [any train flag]
 
 Builds the ``train`` and ``validation`` pipelines exactly as ``python -m tfscale.train`` would
@@ -23,8 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
-from input_pipelines.errors import DataError  # noqa: E402
-from input_pipelines.preprocessing_choice import Preprocessing, preprocessing_for  # noqa: E402
+from input_pipelines.core.errors import DataError  # noqa: E402
+from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
 
@@ -106,7 +106,7 @@ def preview(config: TrainConfig, out: str, rows: int, columns: int) -> Preproces
         raise ValueError(f"--dataset={config.dataset} with --input_channels="
                          f"{config.input_channels}: the preview shows classification images "
                          "of 1 or 3 channels")
-    from input_pipelines.image_preprocessing import announce
+    from input_pipelines.core.image_preprocessing import announce
 
     preprocessing = preprocessing_for(config)
     announce(preprocessing)

@@ -18,7 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from input_pipelines.errors import CorruptFileError, DataError
+from input_pipelines.core.errors import CorruptFileError, DataError
 
 H5_SUFFIXES = (".h5", ".hdf5")
 NUMPY_SUFFIXES = (".npz",)

@@ -3,7 +3,7 @@
 Inside ``tf.data`` a bad record fails training with an error that does not name the file. So
 when a worker's files total at most :data:`FULL_CHECK_BYTES`, the pipelines read all of them
 once before training, in parallel, decoding every image and checking every label; the first
-problem becomes a :class:`~input_pipelines.errors.DataError` naming the file and record. Larger
+problem becomes a :class:`~input_pipelines.core.errors.DataError` naming the file and record. Larger
 data gets the cheap checks only (paths, framing scan, manifest/stats label ranges, HDF5 shapes),
 and assertions inside the pipeline as the last line of defence.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from input_pipelines.errors import CorruptFileError, DataError
+from input_pipelines.core.errors import CorruptFileError, DataError
 
 FULL_CHECK_BYTES = 64 * 2**20
 BATCH = 256

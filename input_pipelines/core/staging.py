@@ -20,9 +20,9 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from input_pipelines import report
-from input_pipelines.errors import CorruptFileError, DataError
-from input_pipelines.manifest import CHUNK, sha256_file, write_json_atomic
+from input_pipelines.core import report
+from input_pipelines.core.errors import CorruptFileError, DataError
+from input_pipelines.core.manifest import CHUNK, sha256_file, write_json_atomic
 from input_pipelines.registry import Shard
 
 SIDECAR = ".sha256"

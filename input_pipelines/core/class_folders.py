@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from input_pipelines.errors import CorruptFileError, DataError
+from input_pipelines.core.errors import CorruptFileError, DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 # Leading bytes of the formats tf.io.decode_image reads.

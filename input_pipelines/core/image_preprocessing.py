@@ -1,6 +1,6 @@
 """Image decoding and augmentation for classification.
 
-What a run gets is a :class:`~input_pipelines.preprocessing_choice.Preprocessing` (the
+What a run gets is a :class:`~input_pipelines.core.preprocessing_choice.Preprocessing` (the
 ``--augment``, ``--horizontal_flip``, ``--eval_crop_fraction`` and ``--normalization`` flags
 resolved). Training, by augment mode:
 
@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from input_pipelines import report
-from input_pipelines.checks import checked_labels, non_finite
-from input_pipelines.preprocessing_choice import Preprocessing, preprocessing_for
+from input_pipelines.core import report
+from input_pipelines.core.checks import checked_labels, non_finite
+from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for
 from input_pipelines.registry import Shard
 from tfscale.config import TrainConfig
 
@@ -162,7 +162,7 @@ def run_preprocessing(config: TrainConfig, shard: Shard, split: str) -> Preproce
     training pipeline.
 
     Raises:
-        ValueError: see :func:`~input_pipelines.preprocessing_choice.resolve_preprocessing`.
+        ValueError: see :func:`~input_pipelines.core.preprocessing_choice.resolve_preprocessing`.
     """
     preprocessing = preprocessing_for(config)
     if split == "train" and shard.index == 0:
@@ -191,7 +191,7 @@ def classification_transform(config: TrainConfig, split: str, preprocessing: Pre
 
 def decodes(encoded: tf.Tensor, label: tf.Tensor, channels: int) -> tf.Tensor:
     """Decodes the whole image (failing if it cannot) and returns ``[label, label, 0]``, what
-    the up-front check (:data:`input_pipelines.checks.Check`) expects."""
+    the up-front check (:data:`input_pipelines.core.checks.Check`) expects."""
     image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
     label = tf.cast(label, tf.int64)
     return tf.stack([label, label, non_finite(image)])

@@ -7,7 +7,7 @@ Layouts understood (``SPLIT`` is ``train`` or ``validation``):
 - files directly in ``DATA_DIR`` (no split named): the training split only,
 - a glob such as ``/data/train-*`` or a single file: the training split only.
 
-Every failure is a :class:`~input_pipelines.errors.DataError` naming the path.
+Every failure is a :class:`~input_pipelines.core.errors.DataError` naming the path.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import glob
 import os
 from collections.abc import Sequence
 
-from input_pipelines.errors import DataError
+from input_pipelines.core.errors import DataError
 from input_pipelines.registry import Shard
 
 # Files that live beside the data but are not data.

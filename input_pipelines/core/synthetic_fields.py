@@ -14,18 +14,15 @@ little but background, while class weights make it find the objects (docs/SEGMEN
 A sample is a pure function of ``(seed, worker, split, index)`` (stateless random ops), so data
 are reproducible, each worker (``shard.index``) and split gets its own samples, and the signature
 of each class is the same for all of them. The ``synthetic_seg`` pipeline
-(:mod:`input_pipelines.synthetic_segmentation`) generates samples on the fly;
-``python -m input_pipelines.synthetic_fields --out DIR`` writes the same samples (worker 0) to
+(:mod:`input_pipelines.datasets.synthetic_seg`) generates samples on the fly;
+``python -m input_pipelines.tools.synthetic_h5 --out DIR`` writes the same samples (worker 0) to
 HDF5 files for the file-based pipelines (``segmentation_h5``).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
-from collections.abc import Sequence
 
 import h5py
 import numpy as np
@@ -181,44 +178,3 @@ def write_h5(
             handle.create_dataset("labels", data=labels.astype(np.int32))
         paths.append(path)
     return paths
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m input_pipelines.synthetic_fields", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--out", required=True, help="Folder; files go to OUT/train and OUT/validation."
-    )
-    parser.add_argument("--train", type=int, default=64, help="Training samples.")
-    parser.add_argument("--validation", type=int, default=16, help="Validation samples.")
-    parser.add_argument("--per_file", type=int, default=1, help="Samples per file.")
-    parser.add_argument("--height", type=int, default=64)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--channels", type=int, default=16)
-    parser.add_argument("--num_classes", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    for split, count in (("train", args.train), ("validation", args.validation)):
-        if count:
-            paths = write_h5(
-                os.path.join(args.out, split),
-                count,
-                args.per_file,
-                args.height,
-                args.width,
-                args.channels,
-                args.num_classes,
-                args.seed,
-                split,
-            )
-            print(
-                f"wrote {count} {split} samples to {len(paths)} file(s) in "
-                f"{os.path.join(args.out, split)}"
-            )
-    print(f"next: python -m input_pipelines.stats --data_dir {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

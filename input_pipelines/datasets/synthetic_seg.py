@@ -1,6 +1,6 @@
 """The ``synthetic_seg`` pipeline: climate-like segmentation samples generated on the fly.
 
-Samples come from :mod:`input_pipelines.synthetic_fields` (multi-channel fields, a dominant
+Samples come from :mod:`input_pipelines.core.synthetic_fields` (multi-channel fields, a dominant
 background class and rare, small, spatially coherent objects), as a pure function of the run's
 seed, the worker, the split and the sample's index, so no files are read and each worker reads
 its own samples. The training split is endless; the validation split is a fixed set of
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from input_pipelines.core.synthetic_fields import samples, split_seed
 from input_pipelines.registry import Batches, Shard, register
-from input_pipelines.synthetic_fields import samples, split_seed
 from tfscale.config import TrainConfig
 
 

@@ -1,5 +1,7 @@
-"""Segmentation from TFRecord shards (as ``python -m input_pipelines.segmentation_to_tfrecord``
-writes them, schema in :mod:`input_pipelines.segmentation_records`).
+"""Segmentation from TFRecord shards.
+
+As ``python -m input_pipelines.tools.segmentation_to_tfrecord`` writes them (schema in
+:mod:`input_pipelines.core.segmentation_records`).
 
 Shards are ``DATA_DIR/train-*`` and ``DATA_DIR/validation-*`` with ``manifest.json`` and
 ``stats.json`` beside them. The checks before training are those of every TFRecord pipeline
@@ -12,16 +14,16 @@ import os
 
 import tensorflow as tf
 
-from input_pipelines import checks, mechanics, segmentation_records
-from input_pipelines.registry import Batches, Shard, register
-from input_pipelines.segmentation_common import (
+from input_pipelines.core import checks, mechanics, segmentation_records
+from input_pipelines.core.segmentation import (
     check_file_labels,
     check_sample_shape,
     required_stats,
     segmentation_transform,
 )
-from input_pipelines.sources import check_manifest_labels, worker_files
-from input_pipelines.tfrecord_scan import scan_tfrecord
+from input_pipelines.core.sources import check_manifest_labels, worker_files
+from input_pipelines.core.tfrecord_scan import scan_tfrecord
+from input_pipelines.registry import Batches, Shard, register
 from tfscale.config import TrainConfig
 
 

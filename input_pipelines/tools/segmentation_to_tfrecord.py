@@ -1,14 +1,15 @@
 """Convert HDF5/NumPy segmentation samples to TFRecord shards, with stats.json.
 
-    python -m input_pipelines.segmentation_to_tfrecord --input_dir /data/climate \\
+    python -m input_pipelines.tools.segmentation_to_tfrecord --input_dir /data/climate \\
         --output_dir /data/climate-tfrecord --shards 64 [--validation_shards 8] \\
         [--data_key data --label_key labels]
 
 Reads the ``.h5``/``.hdf5``/``.npz`` files of each split (``INPUT_DIR/train/``,
 ``INPUT_DIR/validation/``, ``INPUT_DIR/SPLIT-*``, or all of ``INPUT_DIR`` as training data), one
-or many samples per file (:mod:`input_pipelines.sample_files`), checks that every sample has the
+or many samples per file (:mod:`input_pipelines.core.sample_files`),
+checks that every sample has the
 first one's shape, and writes balanced shards (schema in
-:mod:`input_pipelines.segmentation_records`), ``manifest.json``, and ``stats.json`` with the
+:mod:`input_pipelines.core.segmentation_records`), ``manifest.json``, and ``stats.json`` with the
 per-channel normalization of the training samples, for ``--dataset=segmentation_tfrecord``.
 Re-running resumes: finished shards whose inputs are unchanged are verified and skipped (their
 statistics are kept in the manifest, so stats.json stays complete).
@@ -23,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from input_pipelines import segmentation_records
-from input_pipelines.errors import DataError
-from input_pipelines.files import split_files
-from input_pipelines.manifest import write_json_atomic
-from input_pipelines.report import Progress
-from input_pipelines.sample_files import (
+from input_pipelines.core import segmentation_records
+from input_pipelines.core.errors import DataError
+from input_pipelines.core.files import split_files
+from input_pipelines.core.manifest import write_json_atomic
+from input_pipelines.core.report import Progress
+from input_pipelines.core.sample_files import (
     DATA_KEY,
     H5_SUFFIXES,
     LABEL_KEY,
@@ -38,13 +39,13 @@ from input_pipelines.sample_files import (
     inspect,
     read_sample,
 )
-from input_pipelines.shard_writer import (
+from input_pipelines.core.shard_writer import (
     converter_parser,
     load_manifest,
     run_converter,
     write_split,
 )
-from input_pipelines.stats import (
+from input_pipelines.core.stats import (
     STATS,
     ChannelStats,
     add_counts,
@@ -162,7 +163,7 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = converter_parser("input_pipelines.segmentation_to_tfrecord",
+    parser = converter_parser("input_pipelines.tools.segmentation_to_tfrecord",
                               __doc__.split("\n")[0], "Folder of .h5/.hdf5/.npz files.")
     parser.add_argument("--data_key", default=DATA_KEY, help="Dataset name of the data.")
     parser.add_argument("--label_key", default=LABEL_KEY, help="Dataset name of the labels.")

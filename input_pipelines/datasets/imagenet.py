@@ -3,27 +3,28 @@
 Each record is a ``tf.train.Example`` with ``image/encoded`` (JPEG bytes; PNG also decodes) and
 ``image/class/label`` (int64 in ``[0, num_classes)``); ``image/height``/``image/width`` may be
 present and are not needed. Shards are ``DATA_DIR/train-*`` and ``DATA_DIR/validation-*``, as
-``python -m input_pipelines.folder_to_tfrecord`` writes them (with a ``manifest.json``).
+``python -m input_pipelines.tools.folder_to_tfrecord`` writes them (with a ``manifest.json``).
 Training augments as ``--augment`` says (the ImageNet random-resized crop, fused with JPEG
 decoding, for large images; pad-and-crop for small ones), evaluation takes a central crop; both
 resize to ``--image_size`` and normalize, with the manifest's pixel statistics when it has them
-(see :mod:`input_pipelines.preprocessing_choice` and :mod:`input_pipelines.image_preprocessing`).
+(see :mod:`input_pipelines.core.preprocessing_choice` and
+:mod:`input_pipelines.core.image_preprocessing`).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from input_pipelines import checks, mechanics
-from input_pipelines.image_preprocessing import (
+from input_pipelines.core import checks, mechanics
+from input_pipelines.core.image_preprocessing import (
     classification_transform,
     decodes,
     run_preprocessing,
     validate_channels,
 )
+from input_pipelines.core.sources import WorkerFiles, check_manifest_labels, worker_files
+from input_pipelines.core.tfrecord_scan import scan_tfrecord
 from input_pipelines.registry import Batches, Shard, register
-from input_pipelines.sources import WorkerFiles, check_manifest_labels, worker_files
-from input_pipelines.tfrecord_scan import scan_tfrecord
 from tfscale.config import TrainConfig
 
 FEATURES = {
@@ -40,7 +41,7 @@ def parse(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 def check_small(files: WorkerFiles, config: TrainConfig, shard: Shard,
                 split: str) -> WorkerFiles:
-    """Reads every record of small data up front (see :mod:`input_pipelines.checks`).
+    """Reads every record of small data up front (see :mod:`input_pipelines.core.checks`).
 
     Returns:
         ``files`` less the corrupt ones (with ``--skip_corrupt``).

@@ -20,8 +20,8 @@ from typing import Any, Protocol, TypeVar
 
 import tensorflow as tf
 
-from input_pipelines.manifest import MANIFEST, read_json, sha256_file, write_json_atomic
-from input_pipelines.report import Progress
+from input_pipelines.core.manifest import MANIFEST, read_json, sha256_file, write_json_atomic
+from input_pipelines.core.report import Progress
 
 T = TypeVar("T")
 

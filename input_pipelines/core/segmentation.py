@@ -1,6 +1,6 @@
 """What the segmentation pipelines share: statistics, checks before training, the transform.
 
-Both read ``stats.json`` beside the data (:mod:`input_pipelines.stats`), check the sample shape
+Both read ``stats.json`` beside the data (:mod:`input_pipelines.core.stats`), check the sample shape
 against ``--input_channels`` and ``--image_size`` and each file's recorded label range against
 ``--num_classes``, and turn a sample into ``(normalized float32 H x W x C, int32 H x W)``.
 Samples larger than ``--image_size`` are cropped to it: at random when training (the same window
@@ -15,11 +15,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from input_pipelines.checks import checked_labels, label_error
-from input_pipelines.errors import DataError
-from input_pipelines.files import data_root, is_glob
-from input_pipelines.image_preprocessing import per_channel_affine
-from input_pipelines.stats import STATS, load_stats
+from input_pipelines.core.checks import checked_labels, label_error
+from input_pipelines.core.errors import DataError
+from input_pipelines.core.files import data_root, is_glob
+from input_pipelines.core.image_preprocessing import per_channel_affine
+from input_pipelines.core.stats import STATS, load_stats
 from tfscale.config import TrainConfig
 
 
@@ -38,7 +38,7 @@ def required_stats(config: TrainConfig) -> tuple[str, dict[str, Any]]:
         if stats is not None:
             return folder, stats
     raise DataError(f"no {STATS} in {root}: compute the normalization statistics first "
-                    f"with: python -m input_pipelines.stats --data_dir {root}")
+                    f"with: python -m input_pipelines.tools.stats --data_dir {root}")
 
 
 def check_sample_shape(shape: Sequence[int], where: str, config: TrainConfig) -> None:

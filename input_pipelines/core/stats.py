@@ -1,35 +1,30 @@
 """Per-channel normalization statistics of training data, stored beside it as stats.json.
 
-    python -m input_pipelines.stats --data_dir /data/climate [--data_key data --label_key labels]
-    python -m input_pipelines.stats --data_dir /data/digits
+Computed by ``python -m input_pipelines.tools.stats`` (and by the converters as they convert).
+Segmentation data: every training sample (HDF5/NumPy files, or the TFRecord shards of
+``segmentation_to_tfrecord``) gives ``DATA_DIR/stats.json``: the per-channel mean and standard
+deviation of the training data, the class frequencies, the sample shapes, the names of the data
+and label datasets, and each file's sample count and label range (validation files included),
+which the pipelines use to check labels against ``--num_classes`` before training.
 
-Segmentation data: reads every training sample (HDF5/NumPy files, or the TFRecord shards of
-``segmentation_to_tfrecord``) and writes ``DATA_DIR/stats.json``: the per-channel mean and
-standard deviation of the training data, the class frequencies, the sample shapes, the names of
-the data and label datasets, and each file's sample count and label range (validation files
-included), which the pipelines use to check labels against ``--num_classes`` before training.
-The TFRecord converter writes the same file as it converts.
-
-An image folder (class sub-folders, under ``train/`` or directly in ``DATA_DIR``): decodes every
-training image and writes ``pixel_stats`` (per-channel mean and standard deviation in pixel
+An image folder (class sub-folders, under ``train/`` or directly in ``DATA_DIR``): every
+training image decoded gives ``pixel_stats`` (per-channel mean and standard deviation in pixel
 units, 0-255, of the images decoded to RGB and to grayscale), what ``--normalization=dataset``
 of the ``image_folder`` dataset uses. ``folder_to_tfrecord`` records the same in its manifest.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from input_pipelines.errors import DataError
-from input_pipelines.files import split_files
-from input_pipelines.manifest import read_json, write_json_atomic
-from input_pipelines.report import Progress
+from input_pipelines.core.errors import DataError
+from input_pipelines.core.files import split_files
+from input_pipelines.core.manifest import read_json
+from input_pipelines.core.report import Progress
 
 STATS = "stats.json"
 SPLITS = ("train", "validation")
@@ -144,7 +139,7 @@ def load_stats(directory: str) -> dict[str, Any] | None:
 
 
 def _samples(path: str, data_key: str, label_key: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    from input_pipelines import sample_files
+    from input_pipelines.core import sample_files
 
     if path.lower().endswith(sample_files.H5_SUFFIXES + sample_files.NUMPY_SUFFIXES):
         layout = sample_files.inspect(path, data_key, label_key)
@@ -153,7 +148,7 @@ def _samples(path: str, data_key: str, label_key: str) -> Iterator[tuple[np.ndar
         return
     import tensorflow as tf
 
-    from input_pipelines import segmentation_records
+    from input_pipelines.core import segmentation_records
 
     for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
         yield segmentation_records.decode(record)
@@ -220,7 +215,7 @@ def compute_images(data_dir: str) -> dict[str, Any]:
     """
     import tensorflow as tf
 
-    from input_pipelines.image_files import list_images
+    from input_pipelines.core.class_folders import list_images
 
     folder = list_images(data_dir, "train")
     progress = Progress("stats", len(folder.paths),
@@ -238,37 +233,3 @@ def compute_images(data_dir: str) -> dict[str, Any]:
     progress.done()
     return {"version": 1, "task": "classification", "classes": folder.classes,
             "images": len(folder.paths), "pixel_stats": stats.summary()}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m input_pipelines.stats",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--data_dir", required=True,
-                        help="Folder of the segmentation data, or an image folder (class "
-                        "sub-folders, optionally under train/).")
-    parser.add_argument("--data_key", default="data", help="Dataset name of the data.")
-    parser.add_argument("--label_key", default="labels", help="Dataset name of the labels.")
-    args = parser.parse_args(argv)
-    path = os.path.join(args.data_dir, STATS)
-    try:
-        if is_image_folder(args.data_dir):
-            document = compute_images(args.data_dir)
-            rgb = document["pixel_stats"]["3"]
-            summary = (f"{document['images']} training images, RGB mean "
-                       f"{np.round(rgb['mean'], 2).tolist()}, std "
-                       f"{np.round(rgb['std'], 2).tolist()} (0-255)")
-        else:
-            document = compute(args.data_dir, args.data_key, args.label_key)
-            summary = (f"{document['samples']} training samples, mean "
-                       f"{np.round(document['mean'], 4).tolist()}, std "
-                       f"{np.round(document['std'], 4).tolist()}")
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    write_json_atomic(path, document)
-    print(f"wrote {path}: {summary}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
