@@ -207,7 +207,7 @@ LAZY = "    from tfscale.facade.runtime import helper\n"
 @pytest.mark.parametrize("body", [LAZY, "    if TYPE_CHECKING:\n    " + LAZY],
                          ids=["in_function", "type_checking"])
 def test_import_graph_sees_lazy_imports_and_package_inits(body: str, tmp_path: Path) -> None:
-    # Today's shape of the old Horovod cycle, in miniature: a facade package re-exports a
+    # The shape of the old Horovod cycle, in miniature: a facade package re-exports a
     # callback; the callback's layer lazily imports a helper that lives in the facade package,
     # which runs the facade's __init__. The rules below are only as good as this reader.
     files = {
