@@ -14,8 +14,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from input_pipelines.core import report
 from input_pipelines.core.checks import label_error
+from input_pipelines.core.corrupt import CorruptFiles
 from input_pipelines.core.errors import CorruptFileError
 from input_pipelines.core.files import data_root, shard_files, split_files
 from input_pipelines.core.manifest import entries_for
@@ -55,23 +55,14 @@ class WorkerFiles:
         """
         if not corrupt:
             return self
-        if not config.skip_corrupt:
-            raise corrupt[0]
-        report_skipped(shard, split, corrupt, len(self.paths))
-        bad = {e.path for e in corrupt}
+        policy = CorruptFiles(config.skip_corrupt)
+        policy.add_all(corrupt)
+        policy.report(shard, split, len(self.paths))
+        bad = policy.paths
         keep = [i for i, s in enumerate(self.sources) if s not in bad]
         return dataclasses.replace(
             self, paths=[self.paths[i] for i in keep], sources=[self.sources[i] for i in keep],
             counts=[self.counts[i] for i in keep])
-
-
-def report_skipped(shard: Shard, split: str, corrupt: Sequence[CorruptFileError],
-                   total: int) -> None:
-    """Warns that ``corrupt`` files were skipped (``--skip_corrupt``), naming a few."""
-    names = "; ".join(str(e) for e in corrupt[:3])
-    more = f" and {len(corrupt) - 3} more" if len(corrupt) > 3 else ""
-    report.warn(shard, f"--skip_corrupt: skipped {len(corrupt)} corrupt file(s) of {total} in "
-                       f"the {split} split: {names}{more}")
 
 
 def worker_files(config: TrainConfig, shard: Shard, split: str, count: Counter,
@@ -96,15 +87,14 @@ def worker_files(config: TrainConfig, shard: Shard, split: str, count: Counter,
                                                  and len(every) < shard.count)
     mine = shard_files(every, shard, record_sharding)
     entries = entries_for(every)
-    corrupt: list[CorruptFileError] = []
+    corrupt = CorruptFiles(config.skip_corrupt)
     paths = mine
     if config.stage_dir:
         staged = stage(mine, data_root(config.data_dir), config.stage_dir, shard, entries,
                        config.skip_corrupt)
-        corrupt += staged.corrupt
+        corrupt.add_all(staged.corrupt)
         paths = staged.paths
-    lost = {e.path for e in corrupt}
-    sources = [s for s in mine if s not in lost]
+    sources = corrupt.keep(mine)
     kept_paths: list[str] = []
     kept_sources: list[str] = []
     counts: list[int] = []
@@ -112,15 +102,12 @@ def worker_files(config: TrainConfig, shard: Shard, split: str, count: Counter,
         try:
             records = _count(path, source, count, entries.get(source))
         except CorruptFileError as err:
-            if not config.skip_corrupt:
-                raise
-            corrupt.append(err)
+            corrupt.add(err)
             continue
         kept_paths.append(path)
         kept_sources.append(source)
         counts.append(records)
-    if corrupt:
-        report_skipped(shard, split, corrupt, len(mine))
+    corrupt.report(shard, split, len(mine))
     return WorkerFiles(kept_paths, kept_sources, counts, entries, every[0], record_sharding)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from input_pipelines.core import report
+from input_pipelines.core.corrupt import CorruptFiles
 from input_pipelines.core.errors import CorruptFileError, DataError
 from input_pipelines.core.manifest import CHUNK, sha256_file, write_json_atomic
 from input_pipelines.registry import Shard
@@ -105,7 +106,8 @@ def stage(files: Sequence[str], root: str, stage_dir: str, shard: Shard,
         DataError: ``stage_dir`` lacks the space, or a copy fails.
     """
     dests = {f: os.path.join(stage_dir, os.path.relpath(f, root)) for f in files}
-    result = Staged(paths=[])
+    corrupt = CorruptFiles(skip_corrupt)
+    result = Staged(paths=[], corrupt=corrupt.found)
     todo: list[str] = []
     for source in files:
         dest = dests[source]
@@ -132,9 +134,7 @@ def stage(files: Sequence[str], root: str, stage_dir: str, shard: Shard,
             os.remove(tmp)
             bad = CorruptFileError(source, "its SHA-256 differs from the manifest's "
                                            f"({sha[:12]}... vs {str(entry['sha256'])[:12]}...)")
-            if not skip_corrupt:
-                raise bad
-            result.corrupt.append(bad)
+            corrupt.add(bad)
             continue
         os.replace(tmp, dests[source])
         stat = os.stat(source)

@@ -23,6 +23,7 @@ from input_pipelines.core.class_folders import (
     check_signature,
     list_images,
 )
+from input_pipelines.core.corrupt import CorruptFiles
 from input_pipelines.core.errors import CorruptFileError, DataError
 from input_pipelines.core.files import shard_files
 from input_pipelines.core.image_preprocessing import (
@@ -31,7 +32,6 @@ from input_pipelines.core.image_preprocessing import (
     run_preprocessing,
     validate_channels,
 )
-from input_pipelines.core.sources import report_skipped
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Batches, Shard, register
 from tfscale.config import TrainConfig
@@ -63,26 +63,21 @@ def _worker_images(config: TrainConfig, shard: Shard,
     mine = shard_files(folder.paths, shard, record_sharding=False, unit="images",
                        hint="add images or use fewer workers")
     label_of = dict(zip(folder.paths, folder.labels, strict=True))
-    corrupt: list[CorruptFileError] = []
+    corrupt = CorruptFiles(config.skip_corrupt)
     for path in mine:
         try:
             check_signature(path)
         except CorruptFileError as err:
-            corrupt.append(err)
+            corrupt.add(err)
     if sum(os.path.getsize(p) for p in mine) <= checks.FULL_CHECK_BYTES:
-        bad = {e.path for e in corrupt}
-        rest = [p for p in mine if p not in bad]
+        rest = corrupt.keep(mine)
         channels = config.input_channels
-        corrupt += checks.check_files(
+        corrupt.add_all(checks.check_files(
             rest, [label_of[p] for p in rest],
             lambda p, label: decodes(tf.io.read_file(p), label, channels),
-            config.num_classes)
-    if corrupt and not config.skip_corrupt:
-        raise corrupt[0]
-    if corrupt:
-        report_skipped(shard, split, corrupt, len(mine))
-    bad = {e.path for e in corrupt}
-    sources = [p for p in mine if p not in bad]
+            config.num_classes))
+    corrupt.report(shard, split, len(mine))
+    sources = corrupt.keep(mine)
     paths = sources
     if config.stage_dir:
         paths = stage(sources, config.data_dir, config.stage_dir, shard, {}).paths
