@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tfscale.results import summary, write_json_atomic
+from tfscale.files import write_json_atomic
+from tfscale.results import summary
 from tfscale.trainer import Segment, plan_segments
 
 

@@ -8,15 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tfscale import rank_zero
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
-    """Writes ``data`` as JSON to ``path`` via a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+from tfscale.files import write_json_atomic
 
 
 def read_results(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

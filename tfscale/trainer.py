@@ -33,6 +33,7 @@ from tfscale.config import TrainConfig
 from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
 from tfscale.evaluation import EvaluationSummaries, Evaluator
 from tfscale.events import EventLog
+from tfscale.files import write_json_atomic
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
 from tfscale.optimizers import build_optimizer
@@ -347,7 +348,7 @@ class Trainer:
                "num_workers": self.strategy.size, "step": int(meta.get("step", 0)),
                "examples": examples, "metrics": metrics, "config": cfg.to_dict()}
         if self.strategy.is_chief:
-            results.write_json_atomic(self.model_dir / "eval.json", out)
+            write_json_atomic(self.model_dir / "eval.json", out)
         shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
         rank_zero.log(f"evaluation of step {out['step']} ({examples} examples): {shown}")
         return out

@@ -29,16 +29,6 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def write_json_atomic(path: str, data: Any) -> None:
-    """Writes ``data`` as JSON to ``path`` through a temporary file and a rename, so a reader
-    never sees half a file."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def read_json(path: str) -> Any:
     """The JSON document at ``path``.
 

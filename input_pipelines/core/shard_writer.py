@@ -20,8 +20,9 @@ from typing import Any, Protocol, TypeVar
 
 import tensorflow as tf
 
-from input_pipelines.core.manifest import MANIFEST, read_json, sha256_file, write_json_atomic
+from input_pipelines.core.manifest import MANIFEST, read_json, sha256_file
 from input_pipelines.core.report import Progress
+from tfscale.files import write_json_atomic
 
 T = TypeVar("T")
 

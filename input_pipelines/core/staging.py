@@ -23,8 +23,9 @@ from typing import Any
 from input_pipelines.core import report
 from input_pipelines.core.corrupt import CorruptFiles
 from input_pipelines.core.errors import CorruptFileError, DataError
-from input_pipelines.core.manifest import CHUNK, sha256_file, write_json_atomic
+from input_pipelines.core.manifest import CHUNK, sha256_file
 from input_pipelines.registry import Shard
+from tfscale.files import write_json_atomic
 
 SIDECAR = ".sha256"
 

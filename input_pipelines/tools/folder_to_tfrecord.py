@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from input_pipelines.core.class_folders import ImageFolder, check_signature, list_images
 from input_pipelines.core.errors import DataError
-from input_pipelines.core.manifest import MANIFEST, write_json_atomic
+from input_pipelines.core.manifest import MANIFEST
 from input_pipelines.core.preprocessing_choice import STATS_KEY
 from input_pipelines.core.report import Progress
 from input_pipelines.core.shard_writer import (
@@ -40,6 +40,7 @@ from input_pipelines.core.shard_writer import (
     write_split,
 )
 from input_pipelines.core.stats import ImageStats
+from tfscale.files import write_json_atomic
 
 ENCODINGS = ("jpeg", "keep")
 

@@ -27,7 +27,6 @@ import numpy as np
 from input_pipelines.core import segmentation_records
 from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import split_files
-from input_pipelines.core.manifest import write_json_atomic
 from input_pipelines.core.report import Progress
 from input_pipelines.core.sample_files import (
     DATA_KEY,
@@ -52,6 +51,7 @@ from input_pipelines.core.stats import (
     class_pixels,
     stats_document,
 )
+from tfscale.files import write_json_atomic
 
 Sample = tuple[str, int]  # (file, index in the file)
 

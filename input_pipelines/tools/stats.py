@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from input_pipelines.core.manifest import write_json_atomic
 from input_pipelines.core.stats import STATS, compute, compute_images, is_image_folder
+from tfscale.files import write_json_atomic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
