@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def test_launcher_rank_from_environment() -> None:
     assert rank_zero.launcher_rank({
         "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
         "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == 3
-    assert rank_zero.launcher_rank({"TF_CONFIG": '{"task": {"index": 2}}'}) == 2
+    tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:1", "c:1"]},
+                            "task": {"type": "worker", "index": 2}})
+    assert rank_zero.launcher_rank({"TF_CONFIG": tf_config}) == 2
     assert rank_zero.launcher_rank({}) == 0
 
 

@@ -6,6 +6,10 @@
 expanded host list. :func:`tf_config_from_slurm` builds the ``TF_CONFIG`` that
 ``MultiWorkerMirroredStrategy`` needs under ``srun``, without ``scontrol``.
 
+:func:`this_process` is the one answer to "which rank am I, and who shares my node" in tfscale:
+the launcher's variables, else a ``TF_CONFIG``, else the variables of tfscale's own local
+launcher (``--num_processes``), else a process on its own.
+
 Run as a script it prints what it detected (``python -m tfscale.cluster_env``), or with
 ``--tf_config --port P`` the TF_CONFIG JSON for this rank (the Slurm job scripts of
 ``launch.jobscript`` export it that way).
@@ -23,7 +27,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-LAUNCHERS = ("horovodrun", "jsrun", "openmpi", "slurm", "pmi", "none")
+LAUNCHERS = ("horovodrun", "jsrun", "openmpi", "slurm", "pmi", "tf_config", "tfscale", "none")
 DEFAULT_PORT = 12345
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -320,6 +324,71 @@ def detect(environ: Mapping[str, str] = os.environ) -> ClusterEnv:
     if "PMI_RANK" in environ:
         return _pmi(environ)
     return ClusterEnv("none", 0, 1, 0, 1, node=_node(environ))
+
+
+def parse_tf_config(text: str) -> tuple[int, list[str]]:
+    """(task index, worker addresses) of a TF_CONFIG.
+
+    Raises:
+        ValueError: saying what is wrong with it.
+    """
+    try:
+        spec = json.loads(text)
+        workers = [str(worker) for worker in spec["cluster"]["worker"]]
+        task = spec["task"]
+        index = int(task["index"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"TF_CONFIG is malformed ({err!r}); expected JSON like "
+            '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
+            '"task": {"type": "worker", "index": 0}}') from None
+    if task.get("type") not in ("worker", "chief"):
+        raise ValueError(f"TF_CONFIG task type {task.get('type')!r}; expected 'worker'")
+    if not 0 <= index < len(workers):
+        raise ValueError(f"TF_CONFIG task index {index} is outside the {len(workers)} workers")
+    return index, workers
+
+
+def _from_tf_config(text: str, environ: Mapping[str, str]) -> ClusterEnv:
+    """The TF_CONFIG's view: its task index is the rank; workers on the same host (the part of
+    the address before the port) share a node."""
+    index, workers = parse_tf_config(text)
+    hosts = [worker.rsplit(":", 1)[0] for worker in workers]
+    mine = [i for i, host in enumerate(hosts) if host == hosts[index]]
+    return ClusterEnv("tf_config", index, len(workers), mine.index(index), len(mine),
+                      node=_node(environ))
+
+
+def this_process(environ: Mapping[str, str] = os.environ) -> ClusterEnv:
+    """This process's place in its job, from the innermost source that has one (the launcher
+    that started this process, not one whose variables it inherited):
+
+    1. tfscale's local launcher (``--num_processes``): ``TFSCALE_LOCAL_RANK`` and
+       ``TFSCALE_LOCAL_SIZE``; all of its workers are on this node, and its Horovod workers'
+       global rank comes from horovodrun's variables;
+    2. ``TF_CONFIG`` (written by a job script or the user);
+    3. a cluster or MPI launcher's variables (:func:`detect`);
+    4. none: rank 0 of 1.
+
+    Raises:
+        ValueError: when the variables of the source used are malformed.
+    """
+    if "TFSCALE_LOCAL_RANK" in environ:
+        size = _int(environ, "TFSCALE_LOCAL_SIZE")
+        local = _int(environ, "TFSCALE_LOCAL_RANK")
+        rank = _int(environ, "HOROVOD_RANK", default=local)
+        return ClusterEnv("tfscale", rank, size, local, size, node=_node(environ))
+    if "TF_CONFIG" in environ:
+        return _from_tf_config(environ["TF_CONFIG"], environ)
+    return detect(environ)
+
+
+def launched(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when this process is one rank of a job that something else started (tfscale's
+    local launcher, a TF_CONFIG cluster, or a cluster launcher with more than one rank)."""
+    env = this_process(environ)
+    return "TFSCALE_LAUNCHED" in environ or env.launcher in ("tf_config", "tfscale") \
+        or env.size > 1
 
 
 def tf_config(env: ClusterEnv, port: int = DEFAULT_PORT) -> dict[str, Any]:

@@ -12,13 +12,11 @@ from collections.abc import Mapping
 
 
 def local_layout(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
-    """(local rank, local size): tfscale's launcher's, else the cluster launcher's
-    (:mod:`tfscale.cluster_env`); (0, 1) when run alone."""
-    if "TFSCALE_LOCAL_RANK" in environ:
-        return int(environ["TFSCALE_LOCAL_RANK"]), int(environ["TFSCALE_LOCAL_SIZE"])
+    """(local rank, local size) of this process (:func:`tfscale.cluster_env.this_process`);
+    (0, 1) when run alone."""
     from tfscale import cluster_env
 
-    env = cluster_env.detect(environ)
+    env = cluster_env.this_process(environ)
     return env.local_rank, env.local_size
 
 

@@ -9,7 +9,6 @@ decorates a function with :func:`rank_zero_only`.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -31,10 +30,7 @@ def launcher_rank(environ: Mapping[str, str] = os.environ) -> int:
     """This process's rank according to the launcher's environment (0 when launched alone)."""
     from tfscale import cluster_env
 
-    env = cluster_env.detect(environ)
-    if env.launcher == "none" and "TF_CONFIG" in environ:
-        return int(json.loads(environ["TF_CONFIG"]).get("task", {}).get("index", 0))
-    return env.rank
+    return cluster_env.this_process(environ).rank
 
 
 def rank() -> int:

@@ -36,9 +36,7 @@ def inside_launcher(environ: Mapping[str, str] = os.environ) -> bool:
     """True when this process is one rank of a job that something else launched."""
     from tfscale import cluster_env
 
-    if "TFSCALE_LAUNCHED" in environ or "TF_CONFIG" in environ:
-        return True
-    return cluster_env.detect(environ).size > 1
+    return cluster_env.launched(environ)
 
 
 def main(argv: list[str]) -> int:

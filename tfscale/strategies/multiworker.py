@@ -27,29 +27,6 @@ IMPLEMENTATIONS = {
 }
 
 
-def parse_tf_config(text: str) -> tuple[int, int]:
-    """(task index, number of workers) of a TF_CONFIG.
-
-    Raises:
-        ValueError: saying what is wrong with it.
-    """
-    try:
-        spec = json.loads(text)
-        workers = list(spec["cluster"]["worker"])
-        task = spec["task"]
-        index = int(task["index"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(
-            f"TF_CONFIG is malformed ({err!r}); expected JSON like "
-            '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
-            '"task": {"type": "worker", "index": 0}}') from None
-    if task.get("type") not in ("worker", "chief"):
-        raise ValueError(f"TF_CONFIG task type {task.get('type')!r}; expected 'worker'")
-    if not 0 <= index < len(workers):
-        raise ValueError(f"TF_CONFIG task index {index} is outside the {len(workers)} workers")
-    return index, len(workers)
-
-
 @contextlib.contextmanager
 def _peer_health_check(timeout_s: float) -> Iterator[None]:
     """Makes a dead or stalled peer abort the collectives within about ``timeout_s`` seconds.
@@ -93,7 +70,10 @@ class MultiWorkerStrategy(TFDistributeStrategy):
                 port = int(os.environ.get("TFSCALE_PORT_BASE", cluster_env.DEFAULT_PORT))
                 os.environ["TF_CONFIG"] = json.dumps(cluster_env.tf_config(env, port))
         text = os.environ.get("TF_CONFIG", "")
-        self._rank, self._size = parse_tf_config(text) if text else (0, 1)
+        self._rank, self._size = (0, 1)
+        if text:
+            self._rank, workers = cluster_env.parse_tf_config(text)
+            self._size = len(workers)
         if self.config.num_processes > 1 and self.config.num_processes != self._size:
             raise ValueError(f"--num_processes={self.config.num_processes} but TF_CONFIG "
                              f"lists {self._size} workers")
