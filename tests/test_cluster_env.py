@@ -199,3 +199,37 @@ def test_command_line_prints_tf_config() -> None:
     bad = subprocess.run([sys.executable, "-m", "tfscale.cluster_env"], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "rank 9" in bad.stderr
+
+
+def test_this_process_takes_the_innermost_launcher() -> None:
+    # A batch step's Slurm variables are inherited by workers that tfscale's local launcher
+    # started inside it: the local launcher's variables are the truth for them.
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0",
+             "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NODELIST": "n1", "SLURMD_NODENAME": "n1"}
+    local = {**slurm, "TFSCALE_LOCAL_RANK": "1", "TFSCALE_LOCAL_SIZE": "2"}
+    env = cluster_env.this_process(local)
+    assert (env.launcher, env.rank, env.size, env.local_rank, env.local_size) == (
+        "tfscale", 1, 2, 1, 2)
+    assert cluster_env.this_process(slurm).launcher == "slurm"
+    assert cluster_env.this_process({}).launcher == "none"
+
+
+def test_this_process_reads_the_node_layout_from_tf_config() -> None:
+    workers = ["a:1", "b:1", "a:2", "b:2", "a:3"]
+    env = cluster_env.this_process({"TF_CONFIG": json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 2}})})
+    assert (env.launcher, env.rank, env.size, env.local_rank, env.local_size) == (
+        "tf_config", 2, 5, 1, 3)
+    with pytest.raises(ValueError, match="TF_CONFIG task index 7 is outside the 5 workers"):
+        cluster_env.this_process({"TF_CONFIG": json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 7}})})
+
+
+def test_launched_means_started_by_something_else() -> None:
+    assert not cluster_env.launched({})
+    assert cluster_env.launched({"TFSCALE_LAUNCHED": "1"})
+    assert cluster_env.launched({"TF_CONFIG": json.dumps(
+        {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})})
+    one_rank = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}
+    assert not cluster_env.launched(one_rank)
+    assert cluster_env.launched({**one_rank, "OMPI_COMM_WORLD_SIZE": "2"})
