@@ -25,6 +25,8 @@ from tfscale.config import TrainConfig
         ({"lr_schedule": "step"}, "--lr_schedule=step needs --lr_decay_steps"),
         ({"lr_schedule": "step", "lr_decay_steps": "10,x"}, "expected comma-separated integers"),
         ({"cpu_replicas": 2}, "--cpu_replicas only applies to --strategy=mirrored"),
+        ({"ddl_local_size": 2, "strategy": "horovod"},
+         "--ddl_local_size only applies to --strategy=ddl"),
         ({"steps": 0}, "needs a finite dataset"),
     ],
 )
@@ -105,7 +107,8 @@ def test_multi_process_strategy_without_launcher_warns(strategy: str, warning: s
 def test_horovod_knobs_under_another_strategy_warn() -> None:
     from tfscale.plugins import validate_names
 
-    with pytest.warns(UserWarning, match="--fp16_allreduce, --cycle_time_ms only affect "
-                                         "Horovod-based strategies .* --strategy=multiworker"):
+    with pytest.warns(UserWarning, match=r"--fp16_allreduce, --cycle_time_ms only affect the "
+                                         r"strategies that read them \(ddl, horovod\); "
+                                         "--strategy=multiworker ignores them"):
         validate_names(TrainConfig(model="tiny_cnn", strategy="multiworker", fp16_allreduce=True,
                                    cycle_time_ms=20.0))

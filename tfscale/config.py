@@ -2,8 +2,9 @@
 
 Flags (``tfscale/flags.py``) are turned into one :class:`TrainConfig` at the entry point; library
 code takes this object and never reads absl ``FLAGS``. Validation here covers values that can be
-checked without importing TensorFlow or the plugins; plugin names are checked against the
-registries by :func:`tfscale.plugins.validate_names`.
+checked without importing TensorFlow, the strategy's own flags included (its class says which
+they are); model and dataset names are checked against the registries by
+:func:`tfscale.plugins.validate_names`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any
+
+from tfscale.strategies import DEFAULT_STRATEGY, check_config
 
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16", "auto")
 XLA_MODES = ("off", "jit", "auto")
@@ -31,7 +34,7 @@ class TrainConfig:
     # What to train.
     model: str = "resnet50"
     dataset: str = "synthetic"
-    strategy: str = "default"
+    strategy: str = DEFAULT_STRATEGY
     num_processes: int = 1
     # Data and shapes. ``batch_size`` is per replica; the global batch is derived.
     batch_size: int = 32
@@ -192,10 +195,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"--label_smoothing={cfg.label_smoothing} must be in [0, 1)")
     if cfg.lr_schedule == "step" and not cfg.decay_boundaries:
         raise ValueError("--lr_schedule=step needs --lr_decay_steps, e.g. --lr_decay_steps=30,60")
-    if cfg.ddl_local_size and cfg.strategy != "ddl":
-        raise ValueError("--ddl_local_size only applies to --strategy=ddl")
-    if cfg.cpu_replicas and cfg.strategy != "mirrored":
-        raise ValueError("--cpu_replicas only applies to --strategy=mirrored")
+    check_config(cfg)  # the strategy's own flags and checks, which its class owns
     if cfg.target_metric:
         # Its form and direction here; its metric name, which depends on the model's task,
         # in tfscale.plugins.validate_names. Imported here: targets imports this module.

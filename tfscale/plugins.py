@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import input_pipelines
 import models
 from tfscale.class_weights import parse_class_weights
 from tfscale.config import TrainConfig
-from tfscale.strategies import STRATEGIES, load_plugins
+from tfscale.strategies import STRATEGIES, load_plugins, strategies_that, unread_flags
 from tfscale.targets import check_evaluation
 
 
@@ -43,23 +42,22 @@ def validate_names(config: TrainConfig) -> None:
                          f"{', '.join(fitting)}")
     parse_class_weights(config.class_weights, config.num_classes)
     check_evaluation(config, model_task)
-    _warn_unused_horovod_knobs(config, strategy.launcher)
+    _warn_ignored_tuning_flags(config)
     strategy.check_environment()
-    if config.num_processes > 1 and not strategy.launcher:
+    if config.num_processes > 1 and not strategy.multi_process():
+        several = strategies_that(lambda cls: cls.multi_process())
         raise ValueError(f"--strategy={config.strategy} runs in one process; --num_processes="
-                         f"{config.num_processes} needs a multi-process strategy (horovod, "
-                         "multiworker, ddl)")
+                         f"{config.num_processes} needs a multi-process strategy "
+                         f"({', '.join(several)})")
 
 
-HOROVOD_ONLY = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms")
-
-
-def _warn_unused_horovod_knobs(config: TrainConfig, launcher: str) -> None:
-    """Warns when Horovod's communication flags are given to a strategy that ignores them."""
-    if launcher == "horovod":
-        return
-    given = [f"--{field.name}" for field in dataclasses.fields(config)
-             if field.name in HOROVOD_ONLY and getattr(config, field.name) != field.default]
-    if given:
-        warnings.warn(f"{', '.join(given)} only affect Horovod-based strategies (horovod, ddl); "
-                      f"--strategy={config.strategy} ignores them", stacklevel=2)
+def _warn_ignored_tuning_flags(config: TrainConfig) -> None:
+    """Warns when another strategy's tuning flags (Horovod's communication knobs, say) are
+    given to a strategy that ignores them; one warning per group of strategies."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for flag, readers in unread_flags(config, "tuning_flags").items():
+        groups.setdefault(tuple(readers), []).append(f"--{flag}")
+    for group, given in groups.items():
+        warnings.warn(f"{', '.join(given)} only affect the strategies that read them "
+                      f"({', '.join(group)}); --strategy={config.strategy} ignores them",
+                      stacklevel=2)

@@ -4,12 +4,32 @@ A strategy decides how many processes and replicas train, where the model's vari
 gradients are combined and how this process finds its peers. The trainer uses only this
 interface, so adding a strategy never touches the trainer. Required hooks are abstract;
 optional hooks have working defaults.
+
+A strategy is also the one owner of what it is: its class attributes say how its ranks are
+started, which job-script launchers can start them, which flags are its own and what
+environment its ranks need. The local launcher, ``launch.jobscript``, config validation and
+sweeps read them from the class, so adding a strategy is one file::
+
+    # mypkg/strategy.py
+    from tfscale.strategies.horovod import HorovodStrategy
+
+    class TunedHorovod(HorovodStrategy):
+        # Horovod with our own gradient compression; started, checked and written into job
+        # scripts as Horovod is (the class attributes are inherited).
+        def wrap_optimizer(self, optimizer):
+            ...
+
+plus its registration: ``register("tuned", TunedHorovod, "...")`` at import time, or an
+entry point in the ``tfscale.strategies`` group (see :mod:`tfscale.strategies.registry`). Then
+``--strategy=tuned`` trains with ``--num_processes N``, in sweeps and in every job script that
+starts Horovod ranks.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import enum
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
@@ -24,23 +44,83 @@ if TYPE_CHECKING:
     from tfscale.config import TrainConfig
 
 
+class Launcher(enum.StrEnum):
+    """How a strategy's ranks find each other, and so how a launcher starts them."""
+
+    #: One process: nothing to start beyond it.
+    NONE = ""
+    #: One process per worker, each given a TF_CONFIG that lists the cluster and its index
+    #: (``--num_processes``: loopback ports; job scripts: built from the launcher's variables).
+    TF_CONFIG = "tf_config"
+    #: Horovod ranks: a Gloo rendezvous (``--num_processes``, horovodrun) or MPI (mpirun, srun
+    #: with a PMI plugin, jsrun); the job checks that its Horovod was built for that controller.
+    HOROVOD = "horovod"
+
+
+# Every job-script generator of launch/jobs, for strategies that run under any of them.
+ALL_JOB_LAUNCHERS = frozenset({"slurm", "lsf", "mpirun", "horovodrun"})
+
+
 class Strategy(abc.ABC):
     """Base class of every strategy plugin.
 
+    The class attributes and classmethods describe the strategy without creating it and
+    without importing TensorFlow: launchers, job-script generators and config validation read
+    them, so a strategy registered from another package is launched and checked exactly like a
+    built-in one. Import TensorFlow, Keras and Horovod inside the methods that use them.
+
     Attributes:
-        launcher: how ``--num_processes N`` starts this strategy's workers: ``""`` (the strategy
-            is single-process), ``"horovod"`` (Horovod's Gloo launcher) or ``"tf_config"``
-            (one process per worker with a TF_CONFIG on loopback ports).
+        launcher: how its ranks find each other (:class:`Launcher`), which decides how
+            ``--num_processes N`` and job scripts start them; ``NONE`` = single-process.
         jit_scope: what ``--xla=jit`` compiles: ``"step"`` (Keras compiles the whole training
             step, gradient exchange included) or ``"model"`` (only the model's forward and
             backward pass, when the gradient exchange cannot run inside XLA).
+        one_rank_per_gpu: each rank drives exactly one GPU (job scripts refuse
+            ``--gpus_per_rank`` > 1).
+        job_launchers: the job-script generators that can start it (``python -m
+            launch.jobscript LAUNCHER``); ``"ddlrun"`` marks a strategy for the ddlrun front end.
+        owned_flags: config fields that mean nothing to other strategies: setting one under
+            another strategy is an error.
+        tuning_flags: performance knobs only this strategy reads: setting one under another
+            strategy warns that it is ignored.
     """
 
-    launcher: ClassVar[str] = ""
+    launcher: ClassVar[Launcher] = Launcher.NONE
     jit_scope: ClassVar[str] = "step"
+    one_rank_per_gpu: ClassVar[bool] = False
+    job_launchers: ClassVar[frozenset[str]] = ALL_JOB_LAUNCHERS
+    owned_flags: ClassVar[tuple[str, ...]] = ()
+    tuning_flags: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
+
+    @classmethod
+    def multi_process(cls) -> bool:
+        """Whether the strategy runs several processes (``--num_processes N``, job scripts)."""
+        return cls.launcher != Launcher.NONE
+
+    @classmethod
+    def flags(cls) -> tuple[str, ...]:
+        """The strategy-specific config fields it reads (owned and tuning flags)."""
+        return (*cls.owned_flags, *cls.tuning_flags)
+
+    @classmethod
+    def validate_config(cls, config: TrainConfig) -> None:
+        """Raises ValueError, naming the flag and what is expected, for a config this strategy
+        cannot run (called when the config is built, before TensorFlow loads)."""
+
+    @classmethod
+    def environment(cls, config: TrainConfig) -> dict[str, str]:
+        """Environment variables every rank needs for ``config``: job scripts export them
+        (a value already set on the cluster wins) and ``setup`` applies them."""
+        return {}
+
+    @classmethod
+    def ranks_per_node(cls, config: TrainConfig) -> int:
+        """Processes per simulated node when ``--num_processes`` starts the workers on this
+        machine (all of them on one node unless the strategy regroups them)."""
+        return config.num_processes
 
     @classmethod
     def check_environment(cls) -> None:

@@ -31,19 +31,31 @@ from typing import TYPE_CHECKING
 
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
 from tfscale.collectives.optimizer import with_gradient_reduction
-from tfscale.strategies.horovod import HorovodStrategy, horovod_knobs
+from tfscale.strategies.horovod import HorovodStrategy
 
 if TYPE_CHECKING:
     import keras
+
+    from tfscale.config import TrainConfig
+
+# The name the ddlrun front end of launch.jobscript gives ``--strategy`` when none is given.
+DDL_STRATEGY = "ddl"
 
 
 class DDLStrategy(HorovodStrategy):
     """IBM DDL's model on Horovod: learners, DDL callbacks, hierarchical all-reduce."""
 
+    owned_flags = ("ddl_local_size",)
+
+    @classmethod
+    def ranks_per_node(cls, config: TrainConfig) -> int:
+        # --ddl_local_size regroups the local workers into simulated nodes of that many.
+        return config.ddl_local_size or config.num_processes
+
     def setup(self) -> None:
         # Horovod must start with dynamic process sets (registered once the nodes are known),
         # so it is started here, with the knobs set, before the base class would start it.
-        os.environ.update(horovod_knobs(self.config))
+        os.environ.update(self.environment(self.config))
         start_horovod()
         super().setup()
         self.reduce = HierarchicalAllReduce.create(self.config.ddl_local_size,
@@ -62,5 +74,5 @@ class DDLStrategy(HorovodStrategy):
             lr = f"learning rate x{self.size} (--lr_scaling=linear)"
         else:
             lr = "learning rate not scaled (DDL scales it by the learners: --lr_scaling=linear)"
-        return (f"ddl: {self.size} learner(s) on {self.reduce.topology.describe()}, "
-                f"hierarchical all-reduce; {lr}")
+        return (f"{self.config.strategy}: {self.size} learner(s) on "
+                f"{self.reduce.topology.describe()}, hierarchical all-reduce; {lr}")

@@ -17,32 +17,18 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfscale.collectives.horovod import HorovodCollectives, import_horovod
 from tfscale.collectives.optimizer import DistributedOptimizer
-from tfscale.strategies.base import Strategy
+from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
 
 if TYPE_CHECKING:
     import keras
 
-def horovod_knobs(config: Any) -> dict[str, str]:
-    """Horovod environment settings for the config's communication flags."""
-    env: dict[str, str] = {}
-    if config.fusion_threshold_mb >= 0:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
-    if config.cycle_time_ms >= 0:
-        env["HOROVOD_CYCLE_TIME"] = str(config.cycle_time_ms)
-    if config.collective_timeout_s:
-        # A rank that stops submitting tensors (stuck or dead) shuts the job down instead of
-        # hanging it; Gloo's own socket timeout covers a peer that vanishes mid-transfer.
-        timeout = max(2, int(config.collective_timeout_s))
-        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, timeout // 2))
-        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(timeout)
-        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(timeout)
-    return env
+    from tfscale.config import TrainConfig
 
 
 def gpu_for_local_rank(local_rank: int, num_gpus: int) -> int | None:
@@ -79,10 +65,31 @@ def pin_gpu(local_rank: int) -> None:
 class HorovodStrategy(Strategy):
     """Horovod: one process per replica, fused all-reduce of gradients (Gloo or MPI)."""
 
-    launcher = "horovod"
+    launcher = Launcher.HOROVOD
     # Horovod's XLA ops are left out of the build (see BUILD.md), so the all-reduce cannot be
     # inside an XLA-compiled training step: --xla=jit compiles the model's passes only.
     jit_scope = "model"
+    one_rank_per_gpu = True
+    job_launchers = ALL_JOB_LAUNCHERS | {"ddlrun"}
+    tuning_flags = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms")
+
+    @classmethod
+    def environment(cls, config: TrainConfig) -> dict[str, str]:
+        """Horovod's variables for the config's communication flags (the only place they are
+        built: job scripts export them, ``setup`` applies them)."""
+        env: dict[str, str] = {}
+        if config.fusion_threshold_mb >= 0:
+            env["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
+        if config.cycle_time_ms >= 0:
+            env["HOROVOD_CYCLE_TIME"] = f"{config.cycle_time_ms:g}"
+        if config.collective_timeout_s:
+            # A rank that stops submitting tensors (stuck or dead) shuts the job down instead
+            # of hanging it; Gloo's own socket timeout covers a peer that vanishes mid-transfer.
+            timeout = max(2, int(config.collective_timeout_s))
+            env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, timeout // 2))
+            env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(timeout)
+            env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(timeout)
+        return env
 
     @classmethod
     def check_environment(cls) -> None:
@@ -92,7 +99,7 @@ class HorovodStrategy(Strategy):
             raise ValueError(str(err)) from None
 
     def setup(self) -> None:
-        os.environ.update(horovod_knobs(self.config))
+        os.environ.update(self.environment(self.config))
         self.comm = HorovodCollectives()
         self._check_size()
         pin_gpu(self.local_rank)

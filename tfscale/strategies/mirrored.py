@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-import tensorflow as tf
-
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
 
 
@@ -17,6 +15,8 @@ class MirroredStrategy(TFDistributeStrategy):
     Keras splits it between the replicas and sums their gradients.
     """
 
+    owned_flags = ("cpu_replicas",)
+
     @property
     def rank(self) -> int:
         return 0
@@ -26,6 +26,8 @@ class MirroredStrategy(TFDistributeStrategy):
         return 1
 
     def setup(self) -> None:
+        import tensorflow as tf
+
         n = self.config.cpu_replicas
         gpus = tf.config.list_physical_devices("GPU")
         if n:
@@ -43,6 +45,7 @@ class MirroredStrategy(TFDistributeStrategy):
         elif gpus:
             self.tf_strategy = tf.distribute.MirroredStrategy()
         else:
-            warnings.warn("--strategy=mirrored found no GPU and runs one replica on the CPU; "
-                          "use --cpu_replicas N to split the CPU into N replicas", stacklevel=2)
+            warnings.warn(f"--strategy={self.config.strategy} found no GPU and runs one replica "
+                          "on the CPU; use --cpu_replicas N to split the CPU into N replicas",
+                          stacklevel=2)
             self.tf_strategy = tf.distribute.MirroredStrategy(["/cpu:0"])

@@ -13,18 +13,14 @@ import json
 import os
 import warnings
 from collections.abc import Iterator
-
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from tfscale import cluster_env
-from tfscale import multiworker as keras_fix
+from tfscale.strategies.base import Launcher
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
 
-IMPLEMENTATIONS = {
-    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-}
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 @contextlib.contextmanager
@@ -54,16 +50,27 @@ def _peer_health_check(timeout_s: float) -> Iterator[None]:
 class MultiWorkerStrategy(TFDistributeStrategy):
     """One process per worker (TF_CONFIG or Slurm), collective all-reduce across workers."""
 
-    launcher = "tf_config"
+    launcher = Launcher.TF_CONFIG
+    # horovodrun starts Horovod ranks only; the other launchers give each rank what its
+    # TF_CONFIG is built from.
+    job_launchers = frozenset({"slurm", "lsf", "mpirun"})
+    tuning_flags = ("collective",)
 
     @classmethod
     def check_environment(cls) -> None:
+        # Imported here: the Keras fixes load TensorFlow, which reading the class does not need.
+        from tfscale import multiworker as keras_fix
+
         try:
             keras_fix.check_keras_version()
         except RuntimeError as err:
             raise ValueError(str(err)) from None
 
     def setup(self) -> None:
+        import tensorflow as tf
+
+        from tfscale import multiworker as keras_fix
+
         if "TF_CONFIG" not in os.environ:
             env = cluster_env.detect()
             if env.launcher == "slurm" and env.size > 1:
@@ -81,8 +88,9 @@ class MultiWorkerStrategy(TFDistributeStrategy):
             warnings.warn("--strategy=multiworker without TF_CONFIG runs as a single worker; "
                           "use --num_processes N, or set TF_CONFIG on every worker",
                           stacklevel=2)
+        implementation = tf.distribute.experimental.CommunicationImplementation
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=IMPLEMENTATIONS[self.config.collective])
+            implementation=getattr(implementation, self.config.collective.upper()))
         with _peer_health_check(self.config.collective_timeout_s):
             self.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 communication_options=options)

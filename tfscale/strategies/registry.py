@@ -7,14 +7,17 @@ entry point in the ``tfscale.strategies`` group whose object is a :class:`Strate
     [project.entry-points."tfscale.strategies"]
     mystrategy = "mypkg.strategy:MyStrategy"
 
-A class registered either way is selected with ``--strategy NAME``.
+A class registered either way is selected with ``--strategy NAME``, and is launched, checked and
+written into job scripts from what its class says (see :class:`Strategy`), like a built-in one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
 
 from tfscale.registry import Registry
 from tfscale.strategies.base import Strategy
@@ -22,7 +25,8 @@ from tfscale.strategies.base import Strategy
 if TYPE_CHECKING:
     from tfscale.config import TrainConfig
 
-STRATEGIES: Registry[type[Strategy]] = Registry("strategy")
+# The first lookup loads the installed plugins too, so every caller sees them.
+STRATEGIES: Registry[type[Strategy]] = Registry("strategy", lambda: load_plugins())
 ENTRY_POINT_GROUP = "tfscale.strategies"
 _plugins_loaded = False
 
@@ -54,6 +58,50 @@ def load_plugins() -> None:
         except Exception as err:  # a broken plugin must not break the built-in strategies
             warnings.warn(f"strategy plugin {ep.name!r} ({ep.value}) failed to load: {err}",
                           stacklevel=2)
+
+
+def strategies_that(test: Callable[[type[Strategy]], bool]) -> list[str]:
+    """Sorted names of the registered strategies (plugins included) whose class passes
+    ``test``, e.g. ``strategies_that(lambda cls: cls.multi_process())``."""
+    return [entry.name for entry in STRATEGIES if test(entry.obj)]
+
+
+def unread_flags(config: TrainConfig,
+                 kind: Literal["owned_flags", "tuning_flags"]) -> dict[str, list[str]]:
+    """The strategy flags of ``kind`` that ``config`` sets away from their defaults although its
+    strategy does not read them, in field order, each with the strategies that do read it.
+
+    Raises:
+        UnknownNameError: for an unknown strategy, listing the available ones.
+    """
+    reads = STRATEGIES.get(config.strategy).flags()
+    found: dict[str, list[str]] = {}
+    for field in dataclasses.fields(config):
+        if field.name in reads or getattr(config, field.name) == field.default:
+            continue
+        readers = [entry.name for entry in STRATEGIES if field.name in getattr(entry.obj, kind)]
+        if readers:
+            found[field.name] = readers
+    return found
+
+
+def check_config(config: TrainConfig) -> None:
+    """Checks ``config`` against its strategy's class: no flag that only other strategies
+    understand, then the strategy's own :meth:`Strategy.validate_config`. An unknown strategy
+    is left to the lookup (:func:`create`, ``tfscale.plugins.validate_names``), whose error
+    lists the available ones.
+
+    Raises:
+        ValueError: naming the flag and the strategies it applies to.
+    """
+    if config.strategy not in STRATEGIES:
+        return
+    foreign = unread_flags(config, "owned_flags")
+    if foreign:
+        flag, readers = next(iter(foreign.items()))
+        raise ValueError(f"--{flag} only applies to "
+                         + " or ".join(f"--strategy={name}" for name in readers))
+    STRATEGIES.get(config.strategy).validate_config(config)
 
 
 def create(config: TrainConfig) -> Strategy:

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 
 from tfscale.strategies.base import Strategy
 
 if TYPE_CHECKING:
     import keras
+    import tensorflow as tf
 
 _REDUCERS: dict[str, Callable[..., Any]] = {
     "mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
@@ -39,6 +39,8 @@ class TFDistributeStrategy(Strategy):
 
     def _gather(self, values: np.ndarray) -> np.ndarray:
         """Every replica's copy of ``values``, stacked: shape ``[replicas, *values.shape]``."""
+        import tensorflow as tf
+
         if not hasattr(self, "_gather_fn"):
             strategy = self.tf_strategy
 
