@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from tfscale.config import TrainConfig
 from tfscale.flags import argv_from_config
+from tfscale.strategies import STRATEGIES, Launcher
 
 GRACE_SECONDS = 20.0
 _PR_SET_PDEATHSIG = 1
@@ -182,14 +183,12 @@ def _stop(procs: Sequence[subprocess.Popen[str]]) -> None:
 def launch_workers(config: TrainConfig) -> int:
     """Starts ``config.num_processes`` workers of ``python -m tfscale.train`` for the config's
     strategy and waits for them (see the module docstring)."""
-    from tfscale.strategies import STRATEGIES
-
     n = config.num_processes
-    kind = STRATEGIES.get(config.strategy).launcher
+    strategy = STRATEGIES.get(config.strategy)
     command = [sys.executable, "-m", "tfscale.train", *argv_from_config(config)]
-    if kind == "tf_config":
+    if strategy.launcher == Launcher.TF_CONFIG:
         return supervise(command, tf_config_envs(n))
-    if kind == "horovod":
-        envs, server = horovod_envs(node_layout(n, config.ddl_local_size or n))
+    if strategy.launcher == Launcher.HOROVOD:
+        envs, server = horovod_envs(node_layout(n, strategy.ranks_per_node(config)))
         return supervise(command, envs, on_exit=server.stop)
     raise ValueError(f"--strategy={config.strategy} cannot be launched with --num_processes")

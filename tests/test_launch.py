@@ -156,7 +156,8 @@ def test_knobs_are_exported_to_every_rank() -> None:
     ("mpirun", {"nodes": 2}, "needs the hosts"),
     ("mpirun", {"hosts": (("a", 4), ("b", 4)), "gpus_per_node": 6}, "host a has 4 slot(s)"),
     ("horovodrun", {"train_args": ("--strategy=multiworker",), "ranks_per_node": 2},
-     "horovodrun starts Horovod jobs"),
+     "horovodrun cannot start --strategy=multiworker jobs; it starts ddl, horovod jobs, and "
+     "multiworker runs under lsf, mpirun, slurm"),
 ])
 def test_impossible_requests_are_refused(launcher: str, fields: dict[str, Any],
                                          message: str) -> None:

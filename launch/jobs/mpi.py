@@ -65,15 +65,9 @@ def render_mpirun(req: JobRequest) -> str:
 
 @register("horovodrun", "horovodrun on -H hosts, over Gloo (default) or MPI (--mpi)")
 def render_horovodrun(req: JobRequest) -> str:
-    """The horovodrun script for ``req``.
-
-    Raises:
-        ValueError: for ``--strategy multiworker`` (horovodrun starts Horovod jobs).
-    """
+    """The horovodrun script for ``req`` (the request has already refused a strategy whose
+    class does not list horovodrun in its ``job_launchers``)."""
     _check(req)
-    if req.strategy == "multiworker":
-        raise ValueError("horovodrun starts Horovod jobs; use --strategy horovod or ddl, or "
-                         "the mpirun/slurm launchers for multiworker")
     if req.mpi:
         rank = script.rank_script(req, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                                   "horovodrun --mpi")

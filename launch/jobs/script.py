@@ -13,7 +13,8 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from launch.jobs.spec import ONE_RANK_PER_GPU, JobRequest
+from launch.jobs.spec import JobRequest
+from tfscale.strategies import Launcher
 
 RANK_SCRIPT_END = "TFSCALE_RANK_SCRIPT"
 JOB_ID = "${SLURM_JOB_ID:-${LSB_JOBID:-$(date +%Y%m%d-%H%M%S)-$$}}"
@@ -52,8 +53,8 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
         rank_var: the launcher's variable holding the global rank.
         local_rank_var: the launcher's variable holding the rank on its node.
         launcher: the launcher's name, for the error when the variables are missing.
-        tf_config_args: extra ``tfscale.cluster_env`` options to build TF_CONFIG with
-            (``--strategy multiworker`` only).
+        tf_config_args: extra ``tfscale.cluster_env`` options to build TF_CONFIG with (for
+            strategies whose ranks find each other through a TF_CONFIG).
         taskset: bind the rank to its share of the cores here (for launchers that do not).
     """
     lines = [
@@ -66,7 +67,7 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
         f"cd {shlex.quote(req.workdir)}",
         "# Communication knobs (a value already in the environment wins).",
     ]
-    for name, value in req.knobs.environment().items():
+    for name, value in req.environment.items():
         lines.append(f'export {name}="${{{name}:-{value}}}"')
     if req.gpus_per_node:
         lines += _gpu_pinning(req)
@@ -74,7 +75,7 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
     if req.stage_dir:
         lines += ["# Node-local copy of this rank's data (tfscale.train --stage_dir fills it).",
                   f'stage_dir="{req.stage_dir}"', 'mkdir -p "$stage_dir"']
-    if req.strategy == "multiworker":
+    if req.strategy_class.launcher == Launcher.TF_CONFIG:
         resolve = [req.python, "-m", "tfscale.cluster_env", "--tf_config",
                    "--port", str(req.port), *tf_config_args]
         lines += ["# This rank's place in the TF cluster, from the launcher's variables.",
@@ -118,10 +119,10 @@ def preflight(req: JobRequest, needs: str) -> list[str]:
     """Lines that stop the job early when Horovod cannot work here.
 
     Args:
-        req: the request (its strategy decides whether Horovod is needed).
+        req: the request (its strategy's ranks may need Horovod to find each other).
         needs: ``"mpi"`` or ``"gloo"``: which Horovod controller the launcher relies on.
     """
-    if req.strategy not in ONE_RANK_PER_GPU:
+    if req.strategy_class.launcher != Launcher.HOROVOD:
         return []
     hint = ("TFSCALE_WITH_MPI=1 bash launch/setup.sh" if needs == "mpi"
             else "bash launch/setup.sh")

@@ -1,16 +1,17 @@
 """Slurm: an ``sbatch`` script that starts one rank per task with ``srun``.
 
 Tasks per node = GPUs per node / GPUs per rank, each task bound to its cores
-(``--cpu-bind=cores``). Horovod and DDL ranks need a Horovod built with MPI, which srun wires
-up through its PMI plugin (``--mpi=pmix`` by default); ``multiworker`` ranks build their
-TF_CONFIG from Slurm's variables (:mod:`tfscale.cluster_env`).
+(``--cpu-bind=cores``). Horovod ranks (the horovod and ddl strategies) need a Horovod built with
+MPI, which srun wires up through its PMI plugin (``--mpi=pmix`` by default); TF_CONFIG ranks
+(multiworker) build their TF_CONFIG from Slurm's variables (:mod:`tfscale.cluster_env`).
 """
 
 from __future__ import annotations
 
 from launch.jobs import script
 from launch.jobs.registry import register
-from launch.jobs.spec import ONE_RANK_PER_GPU, JobRequest
+from launch.jobs.spec import JobRequest
+from tfscale.strategies import Launcher
 
 
 def slurm_time(seconds: int) -> str:
@@ -49,7 +50,7 @@ def render(req: JobRequest) -> str:
     launch = ["srun", f"--nodes={req.nodes}", f"--ntasks-per-node={req.ranks_per_node}",
               '--cpus-per-task="$CORES_PER_RANK"', "--cpu-bind=cores", *gpus,
               "--kill-on-bad-exit=1", "--export=ALL"]
-    if req.strategy in ONE_RANK_PER_GPU:
+    if req.strategy_class.launcher == Launcher.HOROVOD:
         launch.append(f"--mpi={req.srun_mpi}")
     launch.append('"$LOG_DIR/rank.sh"')
     extra = [*script.cores_per_rank(req, "${SLURM_CPUS_ON_NODE:-$(nproc)}"),

@@ -3,7 +3,8 @@
 A :class:`JobRequest` holds the resources (nodes, GPUs and cores per node, ranks per node, host
 list), the scheduler fields (time, account, queue), the communication knobs and the
 ``tfscale.train`` flags. Building one validates it: an impossible request (zero nodes, more
-GPUs per node than a node has, a strategy that cannot use several ranks, a bad train flag)
+GPUs per node than a node has, a strategy that cannot use several ranks or this launcher, a
+bad train flag)
 fails here with a ``ValueError`` that names the value, not on the cluster an hour later.
 """
 
@@ -17,9 +18,8 @@ from absl import flags as absl_flags
 
 from tfscale.config import TrainConfig
 from tfscale.flags import config_from_flags, define_flags
+from tfscale.strategies import STRATEGIES, Strategy, strategies_that
 
-MULTI_RANK_STRATEGIES = ("horovod", "ddl", "multiworker")
-ONE_RANK_PER_GPU = ("horovod", "ddl")
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 _NAME = re.compile(r"^[A-Za-z0-9_.@%+-]+$")
 _HOST = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -32,8 +32,9 @@ class Knobs:
     """Communication settings exported to every rank.
 
     Attributes:
-        fusion_threshold_mb: Horovod tensor-fusion buffer in MiB (negative: Horovod's default).
-        cycle_time_ms: Horovod cycle time in ms (negative: Horovod's default).
+        fusion_threshold_mb: Horovod tensor-fusion buffer in MiB (negative: the train flags'
+            ``--fusion_threshold_mb``, else Horovod's default).
+        cycle_time_ms: Horovod cycle time in ms (negative: as the train flags say).
         hierarchical_allreduce: Horovod's hierarchical all-reduce (within, then across nodes).
         nccl_debug: NCCL_DEBUG level ("" leaves it unset).
         tf_log_level: TF_CPP_MIN_LOG_LEVEL (0 = all C++ logs ... 3 = errors only).
@@ -52,13 +53,13 @@ class Knobs:
         if self.tf_log_level not in (0, 1, 2, 3):
             raise ValueError(f"--tf_log_level={self.tf_log_level}; expected 0, 1, 2 or 3")
 
-    def environment(self) -> dict[str, str]:
-        """The variables to export, by name."""
-        env = {"TF_CPP_MIN_LOG_LEVEL": str(self.tf_log_level)}
-        if self.fusion_threshold_mb >= 0:
-            env["HOROVOD_FUSION_THRESHOLD"] = str(int(self.fusion_threshold_mb * 1024 * 1024))
-        if self.cycle_time_ms >= 0:
-            env["HOROVOD_CYCLE_TIME"] = f"{self.cycle_time_ms:g}"
+    def environment(self, strategy: type[Strategy], config: TrainConfig) -> dict[str, str]:
+        """The variables to export, by name: the strategy's own for the train flags (with
+        these knobs' values where given), then the launcher-level ones."""
+        given = {name: getattr(self, name) for name in ("fusion_threshold_mb", "cycle_time_ms")
+                 if getattr(self, name) >= 0}
+        env = {"TF_CPP_MIN_LOG_LEVEL": str(self.tf_log_level),
+               **strategy.environment(config.replace(**given))}
         if self.hierarchical_allreduce:
             env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
         if self.nccl_debug:
@@ -178,6 +179,7 @@ class JobRequest:
         knobs: the communication knobs.
         comment: a line for the script's header comment (e.g. the command that wrote it).
         strategy: the train flags' ``--strategy`` (set from ``train_args``).
+        config: the train flags as a validated config (set from ``train_args``).
     """
 
     launcher: str
@@ -206,6 +208,7 @@ class JobRequest:
     knobs: Knobs = dataclasses.field(default_factory=Knobs)
     comment: str = ""
     strategy: str = dataclasses.field(init=False, default="")
+    config: TrainConfig = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -232,8 +235,9 @@ class JobRequest:
             raise ValueError(f"{self.ranks_per_node} ranks per node cannot share "
                              f"{self.cores_per_node} cores; give each rank at least one")
         config = train_config(self.train_args)
+        object.__setattr__(self, "config", config)
         object.__setattr__(self, "strategy", config.strategy)
-        self._check_strategy(config)
+        self._check_strategy()
 
     def _check_numbers(self) -> None:
         if self.nodes < 1:
@@ -281,12 +285,19 @@ class JobRequest:
                     "rank(s) per node (one per GPU: --gpus_per_node / --gpus_per_rank); every "
                     "host needs the same number")
 
-    def _check_strategy(self, config: TrainConfig) -> None:
-        strategy, ranks = config.strategy, self.total_ranks
-        if ranks > 1 and strategy not in MULTI_RANK_STRATEGIES:
+    def _check_strategy(self) -> None:
+        config, strategy, ranks = self.config, self.strategy, self.total_ranks
+        cls = self.strategy_class
+        if ranks > 1 and not cls.multi_process():
+            several = strategies_that(lambda c: c.multi_process())
             raise ValueError(f"--strategy={strategy} runs in one process; a job of {ranks} "
-                             f"ranks needs one of {', '.join(MULTI_RANK_STRATEGIES)}")
-        if strategy in ONE_RANK_PER_GPU and self.gpus_per_rank != 1:
+                             f"ranks needs one of {', '.join(several)}")
+        if self.launcher not in cls.job_launchers:
+            able = strategies_that(lambda c: c.multi_process() and self.launcher in c.job_launchers)
+            raise ValueError(f"{self.launcher} cannot start --strategy={strategy} jobs; it starts "
+                             f"{', '.join(able)} jobs, and {strategy} runs under "
+                             f"{', '.join(sorted(cls.job_launchers))}")
+        if cls.one_rank_per_gpu and self.gpus_per_rank != 1:
             raise ValueError(f"--strategy={strategy} runs one rank per GPU; drop "
                              f"--gpus_per_rank={self.gpus_per_rank}")
         if config.num_processes not in (1, ranks):
@@ -294,6 +305,16 @@ class JobRequest:
                              f"the job starts {ranks} ranks; drop --num_processes")
         if self.stage_dir and config.stage_dir:
             raise ValueError("give --stage_dir once: to the job script, not to tfscale.train")
+
+    @property
+    def strategy_class(self) -> type[Strategy]:
+        """The class of the train flags' strategy, which says how its ranks are started."""
+        return STRATEGIES.get(self.strategy)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The variables every rank exports (see :meth:`Knobs.environment`)."""
+        return self.knobs.environment(self.strategy_class, self.config)
 
     @property
     def total_ranks(self) -> int:
