@@ -8,7 +8,9 @@ Every grid point runs as its own ``python -m tfscale.train`` job with its own ``
 (``OUT/points/<point>``). A point whose results.json exists is finished and skipped when the
 sweep is run again; a point that fails is recorded with its exit code and error line, and the
 sweep goes on. The table (``sweep.csv``, ``sweep.json``, ``sweep.md``) and plots
-(``throughput.png``, ``scaling.png``) are rewritten after every point.
+(``throughput.png``, ``scaling.png``) are rewritten after every point. ``--dry_run`` checks every
+point's flags as ``tfscale.train`` would (plugins included) and prints its command, running
+nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import itertools
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,6 +36,8 @@ _GRID = flags.DEFINE_multi_string(
     "grid", [], "NAME=V1,V2,...: a tfscale.train flag and its values (repeat for more axes).")
 _OUT = flags.DEFINE_string("out", "runs/sweep", "Directory for the points, table and plots.")
 _TIMEOUT = flags.DEFINE_integer("timeout_s", 3600, "Time limit of one point, in seconds.")
+_DRY_RUN = flags.DEFINE_boolean("dry_run", False, "Check every point's flags and print its "
+                                "command; run nothing (exit code 2 if a point would be refused).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +48,10 @@ class Point:
 
     @property
     def name(self) -> str:
-        """A file-system-safe, stable name for the point's directory."""
+        """A file-system-safe, stable name for the point's directory (``base`` for the one point
+        of a sweep without axes: the base flags alone)."""
         text = "_".join(f"{k}-{v}" for k, v in self.values)
-        return re.sub(r"[^A-Za-z0-9._-]+", "-", text) or "default"
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", text) or "base"
 
     def flags(self) -> list[str]:
         return [f"--{k}={v}" for k, v in self.values]
@@ -77,6 +83,24 @@ def parse_grid(specs: Sequence[str]) -> list[Point]:
             for combo in itertools.product(*(opts for _, opts in axes))]
 
 
+def train_command(point: Point, base: Sequence[str], model_dir: Path) -> list[str]:
+    """The ``tfscale.train`` command line of one point."""
+    return [sys.executable, "-m", "tfscale.train", *base, *point.flags(),
+            f"--model_dir={model_dir}"]
+
+
+def check_point(point: Point, base: Sequence[str]) -> str:
+    """Why ``tfscale.train`` would refuse the point's flags before training, or ``""``."""
+    from launch.jobs.spec import train_config
+    from tfscale.plugins import validate_names
+
+    try:
+        validate_names(train_config((*base, *point.flags())))
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
 def run_point(point: Point, base: Sequence[str], out: Path, timeout_s: int) -> dict[str, Any]:
     """Runs (or, if finished before, reads) one point; returns its table row."""
     model_dir = out / "points" / point.name
@@ -86,8 +110,7 @@ def run_point(point: Point, base: Sequence[str], out: Path, timeout_s: int) -> d
         # A half-finished point would resume and report the throughput of a partial run.
         shutil.rmtree(model_dir, ignore_errors=True)
         model_dir.mkdir(parents=True)
-        command = [sys.executable, "-m", "tfscale.train", *base, *point.flags(),
-                   f"--model_dir={model_dir}"]
+        command = train_command(point, base, model_dir)
         start = time.monotonic()
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
@@ -121,12 +144,26 @@ def sweep(points: Sequence[Point], base: Sequence[str], out: Path,
     return rows
 
 
+def dry_run(points: Sequence[Point], base: Sequence[str], out: Path) -> int:
+    """Prints each point's check and command; 0 if every point would start, else 2."""
+    refused = 0
+    for i, point in enumerate(points, start=1):
+        error = check_point(point, base)
+        refused += bool(error)
+        command = shlex.join(train_command(point, base, out / "points" / point.name))
+        print(f"[sweep] {i}/{len(points)} {point.name}: "
+              + (f"error: {error}" if error else f"ok: {command}"), flush=True)
+    return 2 if refused else 0
+
+
 def main(argv: list[str]) -> int:
     try:
         points = parse_grid(_GRID.value)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if _DRY_RUN.value:
+        return dry_run(points, argv[1:], Path(_OUT.value))
     rows = sweep(points, argv[1:], Path(_OUT.value), _TIMEOUT.value)
     failed = sum(r["status"] != "ok" for r in rows)
     print(f"[sweep] {len(rows) - failed} ok, {failed} failed; table: {_OUT.value}/sweep.md")
