@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import input_pipelines
 import models
+from tests.conftest import ROOT, read_results, run_process
 from tfscale.registry import Registry, UnknownNameError
 
 
@@ -75,6 +79,91 @@ def test_strategy_from_an_installed_package_entry_point(
         STRATEGIES._entries.pop("acme", None)
 
 
+ACME = '''"""Acme's strategies: a Horovod one and a TF_CONFIG one, named by entry points only."""
+from tfscale.strategies.horovod import HorovodStrategy
+from tfscale.strategies.multiworker import MultiWorkerStrategy
+
+
+class AcmeHorovod(HorovodStrategy):
+    """Acme's Horovod strategy."""
+
+
+class AcmeWorkers(MultiWorkerStrategy):
+    """Acme's multi-worker strategy."""
+'''
+
+
+@pytest.fixture
+def acme(tmp_path: Path) -> dict[str, str]:
+    """An installed package (on PYTHONPATH, for subprocesses) declaring two strategies as
+    entry points; returns the environment that sees it."""
+    site = tmp_path / "site"
+    (site / "acme_strategies").mkdir(parents=True)
+    (site / "acme_strategies" / "__init__.py").write_text(ACME)
+    dist = site / "acme_strategies-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-strategies\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[tfscale.strategies]\nacme_hvd = acme_strategies:AcmeHorovod\n"
+        "acme_workers = acme_strategies:AcmeWorkers\n")
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+
+
+def test_plugin_strategy_gets_job_scripts_from_its_class(tmp_path: Path,
+                                                         acme: dict[str, str]) -> None:
+    def jobscript(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_process([sys.executable, "-m", "launch.jobscript", *args], timeout=120,
+                           env=acme)
+
+    job = tmp_path / "job"
+    workers = ("--", "--strategy=acme_workers", "--model=mlp")
+    for launcher, line in (("slurm", "-m tfscale.cluster_env --tf_config"),
+                           ("lsf", '--smpiargs="off"')):
+        proc = jobscript(launcher, "--nodes=2", "--gpus_per_node=4", "-o", str(job), *workers)
+        assert proc.returncode == 0, proc.stderr
+        assert "8 ranks on 2 node(s), --strategy=acme_workers" in proc.stderr
+        text = job.read_text()
+        assert line in text and "mpi_built" not in text and "--mpi=" not in text
+    refused = jobscript("horovodrun", "-H", "a:2,b:2", *workers)
+    assert refused.returncode == 2
+    assert ("horovodrun cannot start --strategy=acme_workers jobs; it starts acme_hvd, ddl, "
+            "horovod jobs") in refused.stderr
+    proc = jobscript("slurm", "--nodes=2", "--gpus_per_node=4", "--fusion_threshold_mb=8",
+                     "-o", str(job), "--", "--strategy=acme_hvd")
+    assert proc.returncode == 0, proc.stderr
+    text = job.read_text()
+    assert "--mpi=pmix" in text and "if not hvd.mpi_built():" in text
+    assert 'export HOROVOD_FUSION_THRESHOLD="${HOROVOD_FUSION_THRESHOLD:-8388608}"' in text
+    ddlrun = jobscript("ddlrun", "-H", "h1,h2", "--accelerators=2", "--", "--strategy=acme_hvd")
+    assert ddlrun.returncode == 0, ddlrun.stderr
+    assert "--strategy=acme_hvd" in ddlrun.stdout and "    -np 4 \\" in ddlrun.stdout
+
+
+def test_plugin_strategy_in_a_sweep(tmp_path: Path, acme: dict[str, str]) -> None:
+    proc = run_process([sys.executable, "-m", "tfscale.sweep", "--dry_run", f"--out={tmp_path}",
+                        "--grid=strategy=acme_workers,acme_nope", "--grid=num_processes=2",
+                        "--", "--model=mlp", "--steps=2"], timeout=240, env=acme)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert lines[0].startswith("[sweep] 1/2 strategy-acme_workers_num_processes-2: ok: ")
+    assert lines[0].endswith("--strategy=acme_workers --num_processes=2 --model_dir="
+                             f"{tmp_path}/points/strategy-acme_workers_num_processes-2")
+    assert ("2/2 strategy-acme_nope_num_processes-2: error: unknown strategy 'acme_nope'; "
+            "available: acme_hvd, acme_workers, ddl") in lines[1]
+
+
+@pytest.mark.slow
+def test_plugin_strategy_trains_with_num_processes(tmp_path: Path,
+                                                   acme: dict[str, str]) -> None:
+    proc = run_process([sys.executable, "-m", "tfscale.train", "--strategy=acme_workers",
+                        "--num_processes=2", "--model=mlp", "--dataset=synthetic", "--steps=2",
+                        "--batch_size=4", "--image_size=8", "--num_classes=4",
+                        "--tensorboard=false", f"--model_dir={tmp_path}"], timeout=300, env=acme)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = read_results(tmp_path)
+    assert results["strategy"] == "acme_workers" and results["num_workers"] == 2
+
+
 def test_lazy_registry_loads_builtin_plugins_on_first_lookup() -> None:
     from tfscale.registry import Registry
 
@@ -103,3 +192,35 @@ def test_package_tools_run_without_runpy_warnings() -> None:
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "RuntimeWarning" not in proc.stderr, proc.stderr
+
+
+def test_declared_plugin_is_imported_only_when_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "declared_widgets.py").write_text("IMPORTS = []\nIMPORTS.append(1)\n"
+                                                   "def build():\n    return 'built'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "declared_widgets", raising=False)
+    reg: Registry[object] = Registry("widget")
+    reg.declare("w", "declared_widgets:build", "a declared widget", color="blue")
+    reg.add("x", 1, "an added one")
+    assert reg.names() == ["w", "x"] and "w  a declared widget" in reg.describe()
+    entry = reg.entry("w")
+    assert entry.meta == {"color": "blue"} and not entry.loaded
+    assert "declared_widgets" not in sys.modules
+    assert reg.get("w")() == "built" and entry.loaded
+    assert sys.modules["declared_widgets"].IMPORTS == [1]
+    for clash in (lambda: reg.declare("w", "declared_widgets:build", "again"),
+                  lambda: reg.add("w", 2, "clash"), lambda: reg.declare("x", "m:f", "clash")):
+        with pytest.raises(ValueError, match="already registered"):
+            clash()
+    reg.add("x", 1, "the same object again")  # a re-imported module registers again: harmless
+    with pytest.raises(ValueError, match="source 'no_colon' is not 'module:attribute'"):
+        reg.declare("y", "no_colon", "bad")
+
+
+def test_registries_check_tasks() -> None:
+    for register in (models.register, input_pipelines.register):
+        with pytest.raises(ValueError, match="task 'detection' for .* 'mine'; expected one of: "
+                                             "classification, segmentation"):
+            register("mine", "a detector", task="detection")

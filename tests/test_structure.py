@@ -263,3 +263,67 @@ def test_collectives_layer_imports_no_tensorflow_keras_or_horovod() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- A strategy is the single owner of what it is -------------------------------------------
+
+# Where other code may not name a strategy: it asks the strategy's class through the registry.
+NAME_FREE = ("tfscale", "launch", "models", "input_pipelines")
+
+
+def _strategy_name_literals(root: Path, names: set[str]) -> list[str]:
+    """``path:line: 'name'`` for each string constant equal to one of ``names`` in the Python
+    files under ``NAME_FREE`` (``tfscale/strategies/`` excepted: the strategies name
+    themselves there, and export constants such as ``DEFAULT_STRATEGY`` for the others)."""
+    found = []
+    for package in NAME_FREE:
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root)
+            if relative.parts[:2] == ("tfscale", "strategies"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    found.append(f"{relative}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_strategy_name_finder_sees_literals_outside_the_strategies(tmp_path: Path) -> None:
+    files = {"launch/jobs/lsf.py": 'if strategy == "multiworker":\n    pass\n',
+             "tfscale/strategies/mine.py": 'NAME = "multiworker"\n',
+             "tfscale/config.py": 'HELP = "--strategy=multiworker runs a process per worker"\n'}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _strategy_name_literals(tmp_path, {"multiworker"}) == [
+        "launch/jobs/lsf.py:1: 'multiworker'"]
+
+
+def test_no_strategy_name_strings_outside_strategies() -> None:
+    from tfscale.strategies import STRATEGIES
+
+    found = _strategy_name_literals(ROOT, set(STRATEGIES.names()))
+    assert not found, ("ask the strategy's class (tfscale.strategies.STRATEGIES.get(name)) "
+                       "instead of comparing its name:\n" + "\n".join(found))
+
+
+def test_strategies_and_job_scripts_load_no_tensorflow(tmp_path: Path) -> None:
+    # Reading every strategy's description and writing job scripts for them stays light:
+    # TensorFlow, Keras and Horovod load only in the processes that train.
+    code = f"""
+import sys
+from launch.jobscript import main
+from tfscale.config import TrainConfig
+from tfscale.strategies import STRATEGIES
+for name in STRATEGIES.names():
+    cls = STRATEGIES.get(name)
+    cls.multi_process(), cls.flags(), cls.job_launchers, cls.one_rank_per_gpu
+    cls.environment(TrainConfig(strategy=name, fusion_threshold_mb=1))
+    if cls.multi_process():
+        assert main(["slurm", "--nodes=2", "-o", {str(tmp_path / "job")!r}, "--",
+                     "--strategy=" + name]) == 0
+print(sorted(m for m in ("tensorflow", "keras", "horovod") if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
