@@ -1,8 +1,9 @@
 """Input pipelines registered by name (see :mod:`input_pipelines.registry`).
 
-The built-in pipelines are imported when :data:`PIPELINES` is first searched.
+Importing the package imports no dataset module (nor TensorFlow): a pipeline's module is
+imported when its builder is fetched from :data:`PIPELINES`.
 """
 
-from input_pipelines.registry import PIPELINES, Batches, Shard, register, task_of
+from input_pipelines.registry import PIPELINES, Batches, Shard, declare, register, task_of
 
-__all__ = ["PIPELINES", "Batches", "Shard", "register", "task_of"]
+__all__ = ["PIPELINES", "Batches", "Shard", "declare", "register", "task_of"]

@@ -20,17 +20,22 @@ A pipeline builder is called once per worker process as
   may repeat, with ``examples=None``; it is evaluated only with ``--validation_steps``.
 - ``Batches.examples`` is the number of examples of the split this shard sees per epoch (per
   pass, for validation), or ``None`` when unbounded (synthetic data).
+
+Your own pipeline registers with the decorator ``@input_pipelines.register(name, description,
+task=...)``. The built-in ones are declared at the end of this module by name, builder
+(``"module:function"``), description and task (:mod:`tfscale.tasks`); a dataset's module is
+imported when its builder is fetched.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tfscale.registry import Registry
 from tfscale.shard import Shard  # re-exported: pipelines take it, strategies make it
+from tfscale.tasks import CLASSIFICATION, SEGMENTATION, check_task
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -47,28 +52,59 @@ class Batches:
 
 
 PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
-BUILTIN = ("image_folder", "imagenet", "segmentation_h5", "segmentation_tfrecord", "synthetic",
-           "synthetic_seg")
 
-
-def _load_builtin() -> None:
-    for module in BUILTIN:
-        importlib.import_module(f"input_pipelines.datasets.{module}")
-
-
-# The built-in pipelines are imported on the first lookup, not with the package: they import
-# TensorFlow, which a tool or a command that only parses flags does not need.
-PIPELINES: Registry[PipelineBuilder] = Registry("dataset", _load_builtin)
+# Built-in pipelines are declared, not imported: their modules import TensorFlow, which listing
+# the datasets or checking a name (and a tool that only parses flags) does not need.
+PIPELINES: Registry[PipelineBuilder] = Registry("dataset")
 SPLITS = ("train", "validation")
 
 
 def register(
     name: str, description: str, task: str
 ) -> Callable[[PipelineBuilder], PipelineBuilder]:
-    """Registers a pipeline builder under ``name`` for ``task`` (classification|segmentation)."""
+    """Registers a pipeline builder under ``name`` for ``task`` (classification|segmentation).
+
+    Raises:
+        ValueError: for an unknown task or a name already registered.
+    """
+    check_task(task, f"dataset {name!r}")
     return PIPELINES.register(name, description, task=task)
 
 
+def declare(name: str, builder: str, description: str, task: str) -> None:
+    """Registers the builder at ``builder`` (``"module:function"``) under ``name`` for ``task``
+    without importing its module (see :meth:`tfscale.registry.Registry.declare`).
+
+    Raises:
+        ValueError: for an unknown task or a name already registered.
+    """
+    check_task(task, f"dataset {name!r}")
+    PIPELINES.declare(name, builder, description, task=task)
+
+
 def task_of(name: str) -> str:
-    """The task (classification|segmentation) of registered dataset ``name``."""
+    """The task (classification|segmentation) of registered dataset ``name``.
+
+    Raises:
+        UnknownNameError: listing the registered datasets.
+    """
     return str(PIPELINES.entry(name).meta["task"])
+
+
+# One module per dataset under input_pipelines/datasets/, each with a ``build`` function.
+declare("image_folder", "input_pipelines.datasets.image_folder:build",
+        "classification from folders of images, one sub-folder per class", CLASSIFICATION)
+declare("imagenet", "input_pipelines.datasets.imagenet:build",
+        "ImageNet-style JPEG classification from TFRecord shards "
+        "(image/encoded, image/class/label)", CLASSIFICATION)
+declare("segmentation_h5", "input_pipelines.datasets.segmentation_h5:build",
+        "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
+        "normalized with stats.json", SEGMENTATION)
+declare("segmentation_tfrecord", "input_pipelines.datasets.segmentation_tfrecord:build",
+        "segmentation from TFRecord shards (raw float data, int labels), "
+        "normalized with stats.json", SEGMENTATION)
+declare("synthetic", "input_pipelines.datasets.synthetic:build",
+        "random images and labels generated once on the device", CLASSIFICATION)
+declare("synthetic_seg", "input_pipelines.datasets.synthetic_seg:build",
+        "climate-like multi-channel fields with rare small objects (generated on the fly)",
+        SEGMENTATION)

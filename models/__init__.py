@@ -1,6 +1,9 @@
-"""Model zoo: Keras 3 builders registered by name (see :mod:`models.registry`)."""
+"""Model zoo: Keras 3 builders registered by name (see :mod:`models.registry`).
 
-from models import deeplabv3plus, resnet50, small, tiramisu  # noqa: F401  (registers builders)
-from models.registry import MODELS, register, task_of
+Importing the package imports no model module (nor Keras): a builder's module is imported when
+the builder is fetched from :data:`MODELS`.
+"""
 
-__all__ = ["MODELS", "register", "task_of"]
+from models.registry import MODELS, declare, register, task_of
+
+__all__ = ["MODELS", "declare", "register", "task_of"]

@@ -21,7 +21,6 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from models.registry import register
 from models.resnet50 import resnet50_features
 from tfscale.config import TrainConfig
 
@@ -125,25 +124,14 @@ def _shape(cfg: TrainConfig) -> tuple[int, int, int]:
     return (cfg.image_size, cfg.image_size, cfg.input_channels)
 
 
-@register("deeplabv3plus", "DeepLabV3+ on ResNet-50, output stride 16", task="segmentation")
 def build_deeplabv3plus(cfg: TrainConfig) -> keras.Model:
     return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=16)
 
 
-@register(
-    "deeplabv3plus_os8",
-    "DeepLabV3+ on ResNet-50, output stride 8 (ASPP rates 12/24/36)",
-    task="segmentation",
-)
 def build_deeplabv3plus_os8(cfg: TrainConfig) -> keras.Model:
     return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=8)
 
 
-@register(
-    "deeplabv3plus_tiny",
-    "DeepLabV3+ layout with 1/16 of the filters, for tests",
-    task="segmentation",
-)
 def build_deeplabv3plus_tiny(cfg: TrainConfig) -> keras.Model:
     return deeplabv3plus(
         _shape(cfg),

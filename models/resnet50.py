@@ -11,7 +11,6 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from models.registry import register
 from tfscale.config import TrainConfig
 
 _BN_EPS = 1.001e-5
@@ -96,13 +95,10 @@ def resnet50(
     return keras.Model(inputs, outputs, name="resnet50_v1_5")
 
 
-@register("resnet50", "ResNet-50 v1.5 (stride on the 3x3 convolution)", task="classification")
 def build_resnet50(cfg: TrainConfig) -> keras.Model:
     return resnet50((cfg.image_size, cfg.image_size, cfg.input_channels), cfg.num_classes)
 
 
-@register("resnet50_tiny", "ResNet-50 v1.5 layout with 1/16 of the filters, for tests",
-          task="classification")
 def build_resnet50_tiny(cfg: TrainConfig) -> keras.Model:
     return resnet50((cfg.image_size, cfg.image_size, cfg.input_channels), cfg.num_classes,
                     width=1 / 16)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from models.registry import register
 from tfscale.config import TrainConfig
 
 
@@ -36,12 +35,9 @@ def _shape(cfg: TrainConfig) -> tuple[int, int, int]:
     return (cfg.image_size, cfg.image_size, cfg.input_channels)
 
 
-@register("tiny_cnn", "2-conv CNN without batch norm, for tests", task="classification")
 def build_tiny_cnn(cfg: TrainConfig) -> keras.Model:
     return tiny_cnn(_shape(cfg), cfg.num_classes)
 
 
-@register("mlp", "3-layer perceptron (communication-bound), for scaling tests",
-          task="classification")
 def build_mlp(cfg: TrainConfig) -> keras.Model:
     return mlp(_shape(cfg), cfg.num_classes)

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import keras
 from keras import layers
 
-from models.registry import register
 from tfscale.config import TrainConfig
 
 FIRST_FILTERS = 48
@@ -147,31 +146,22 @@ def _build(name: str, cfg: TrainConfig) -> keras.Model:
     )
 
 
-@register("tiramisu", "FC-DenseNet103 (the one hundred layers Tiramisu)", task="segmentation")
 def build_tiramisu(cfg: TrainConfig) -> keras.Model:
     return _build("tiramisu103", cfg)
 
 
-@register("tiramisu56", "FC-DenseNet56: 4 layers per block, growth 12", task="segmentation")
 def build_tiramisu56(cfg: TrainConfig) -> keras.Model:
     return _build("tiramisu56", cfg)
 
 
-@register("tiramisu67", "FC-DenseNet67: 5 layers per block, growth 16", task="segmentation")
 def build_tiramisu67(cfg: TrainConfig) -> keras.Model:
     return _build("tiramisu67", cfg)
 
 
-@register("tiramisu103", "FC-DenseNet103: blocks 4,5,7,10,12,15, growth 16", task="segmentation")
 def build_tiramisu103(cfg: TrainConfig) -> keras.Model:
     return _build("tiramisu103", cfg)
 
 
-@register(
-    "tiramisu_tiny",
-    "FC-DenseNet with 3 levels of 2-layer blocks, growth 4, for tests",
-    task="segmentation",
-)
 def build_tiramisu_tiny(cfg: TrainConfig) -> keras.Model:
     return tiramisu(
         (cfg.image_size, cfg.image_size, cfg.input_channels),

@@ -64,6 +64,14 @@ def test_segmentation_models_are_registered() -> None:
     assert models.task_of("resnet50") == "classification"
 
 
+def test_every_declared_builder_imports() -> None:
+    # Built-ins are declared by "module:function" and imported on first use: a renamed
+    # function would otherwise surface only when someone trains that model or dataset.
+    for registry in (models.MODELS, input_pipelines.PIPELINES):
+        for entry in registry:
+            assert callable(entry.obj), entry
+
+
 @pytest.mark.parametrize("shape", [(32, 32, 3), (48, 80, 16), (40, 56, 16), (33, 47, 5)])
 @pytest.mark.parametrize("stride", [16, 8])
 def test_deeplab_output_shapes(shape: tuple[int, int, int], stride: int) -> None:

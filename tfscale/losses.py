@@ -18,8 +18,7 @@ from keras import ops
 
 from tfscale.class_weights import parse_class_weights
 from tfscale.config import TrainConfig
-
-TASKS = ("classification", "segmentation")
+from tfscale.tasks import check_task
 
 
 def build_loss(config: TrainConfig, task: str) -> keras.losses.Loss:
@@ -28,8 +27,7 @@ def build_loss(config: TrainConfig, task: str) -> keras.losses.Loss:
     Raises:
         ValueError: for an unknown task or invalid ``config.class_weights``.
     """
-    if task not in TASKS:
-        raise ValueError(f"no loss for task {task!r}; expected one of {TASKS}")
+    check_task(task, "the loss")
     weights = parse_class_weights(config.class_weights, config.num_classes)
     if weights is None and not config.label_smoothing:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)

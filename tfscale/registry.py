@@ -2,11 +2,16 @@
 
 A plugin registers itself under a name with a one-line description; looking up an unknown name
 raises :class:`UnknownNameError`, whose message lists the available names.
+
+A plugin can also be *declared*: its name, description and metadata, and where its object lives
+(``"module:attribute"``). The module is imported only when the object itself is fetched, so
+listing the plugins, checking a name or reading its metadata (a model's task, say) does not
+import the modules that build them, nor TensorFlow with them.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -17,14 +22,36 @@ class UnknownNameError(ValueError):
     """An unknown plugin name was requested."""
 
 
-@dataclasses.dataclass(frozen=True)
 class Entry(Generic[T]):
-    """One registered plugin."""
+    """One registered plugin: its name, description and metadata, and the plugin itself, which
+    a declared entry imports from ``source`` (``"module:attribute"``) the first time it is read.
+    """
 
-    name: str
-    obj: T
-    description: str
-    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    def __init__(self, name: str, description: str, meta: Mapping[str, Any], *,
+                 obj: T | None = None, source: str = "") -> None:
+        if (obj is None) == (not source):
+            raise ValueError(f"plugin {name!r} needs either an object or a source, not both")
+        self.name = name
+        self.description = description
+        self.meta: Mapping[str, Any] = dict(meta)
+        self.source = source
+        self._obj = obj
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the plugin object is at hand (always, unless declared and not yet read)."""
+        return self._obj is not None
+
+    @property
+    def obj(self) -> T:
+        """The plugin; a declared one's module is imported on first use."""
+        if self._obj is None:
+            module, _, attribute = self.source.partition(":")
+            self._obj = getattr(importlib.import_module(module), attribute)
+        return self._obj
+
+    def __repr__(self) -> str:
+        return f"Entry({self.name!r}, {self.source or self._obj!r})"
 
 
 class Registry(Generic[T]):
@@ -50,11 +77,30 @@ class Registry(Generic[T]):
         Raises:
             ValueError: if ``name`` is already registered to a different object.
         """
-        old = self._entries.get(name)
-        if old is not None and old.obj is not obj:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
-        self._entries[name] = Entry(name, obj, description, dict(meta))
+        self._check_free(name, obj)
+        self._entries[name] = Entry(name, description, meta, obj=obj)
         return obj
+
+    def declare(self, name: str, source: str, description: str, **meta: Any) -> None:
+        """Registers the plugin at ``source`` (``"module:attribute"``) under ``name`` without
+        importing it: the module is imported when the plugin is fetched (:meth:`get`).
+
+        Raises:
+            ValueError: if ``name`` is already registered, or ``source`` is not
+                ``"module:attribute"``.
+        """
+        module, _, attribute = source.partition(":")
+        if not module or not attribute.isidentifier():
+            raise ValueError(f"{self.kind} {name!r}: source {source!r} is not 'module:attribute'")
+        self._check_free(name, None)
+        self._entries[name] = Entry(name, description, meta, source=source)
+
+    def _check_free(self, name: str, obj: T | None) -> None:
+        """Raises ValueError unless ``name`` is free or already holds ``obj`` (registering the
+        same object twice, as a re-imported module does, is harmless)."""
+        old = self._entries.get(name)
+        if old is not None and not (obj is not None and old.loaded and old.obj is obj):
+            raise ValueError(f"{self.kind} {name!r} is already registered")
 
     def register(self, name: str, description: str, **meta: Any) -> Callable[[T], T]:
         """Decorator form of :meth:`add`."""

@@ -1,5 +1,5 @@
 """The built-in datasets: one module per registered ``--dataset`` name.
 
-Each module registers one pipeline builder with :func:`input_pipelines.register`; the registry
-imports them on its first lookup.
+Each module has a ``build`` function, declared under its name in :mod:`input_pipelines.registry`;
+the registry imports the module when that builder is fetched.
 """

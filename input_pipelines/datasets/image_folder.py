@@ -33,7 +33,7 @@ from input_pipelines.core.image_preprocessing import (
     validate_channels,
 )
 from input_pipelines.core.staging import stage
-from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 
 
@@ -84,8 +84,6 @@ def _worker_images(config: TrainConfig, shard: Shard,
     return paths, [label_of[s] for s in sources], sources
 
 
-@register("image_folder", "classification from folders of images, one sub-folder per class",
-          task="classification")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``image_folder`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "image_folder")

@@ -24,7 +24,7 @@ from input_pipelines.core.image_preprocessing import (
 )
 from input_pipelines.core.sources import WorkerFiles, check_manifest_labels, worker_files
 from input_pipelines.core.tfrecord_scan import scan_tfrecord
-from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 
 FEATURES = {
@@ -59,8 +59,6 @@ def check_small(files: WorkerFiles, config: TrainConfig, shard: Shard,
     return files.without(corrupt, config, shard, split)
 
 
-@register("imagenet", "ImageNet-style JPEG classification from TFRecord shards "
-          "(image/encoded, image/class/label)", task="classification")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``imagenet`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "imagenet")

@@ -34,7 +34,7 @@ from input_pipelines.core.segmentation import (
     segmentation_transform,
 )
 from input_pipelines.core.sources import WorkerFiles, worker_files
-from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 
 
@@ -72,8 +72,6 @@ def _reference(files: WorkerFiles, layouts: dict[str, Layout], keys: tuple[str, 
         return files.sources[0], layouts[files.paths[0]]
 
 
-@register("segmentation_h5", "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
-          "normalized with stats.json", task="segmentation")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``segmentation_h5`` pipeline of worker ``shard`` (see the module docstring)."""
     root, stats = required_stats(config)

@@ -23,12 +23,10 @@ from input_pipelines.core.segmentation import (
 )
 from input_pipelines.core.sources import check_manifest_labels, worker_files
 from input_pipelines.core.tfrecord_scan import scan_tfrecord
-from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 
 
-@register("segmentation_tfrecord", "segmentation from TFRecord shards (raw float data, int "
-          "labels), normalized with stats.json", task="segmentation")
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``segmentation_tfrecord`` pipeline of worker ``shard`` (see the module docstring)."""
     root, stats = required_stats(config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 
 MAX_BATCHES = 4
@@ -34,8 +34,6 @@ def synthetic_batches(
     return images, labels
 
 
-@register("synthetic", "random images and labels generated once on the device",
-          task="classification")
 def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     # Each worker gets its own data (different seed), as with real sharded data.
     batches = synthetic_batches(

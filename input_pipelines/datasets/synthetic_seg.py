@@ -14,15 +14,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from input_pipelines.core.synthetic_fields import samples, split_seed
-from input_pipelines.registry import Batches, Shard, register
+from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 
 
-@register(
-    "synthetic_seg",
-    "climate-like multi-channel fields with rare small objects (generated on the fly)",
-    task="segmentation",
-)
 def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     base = split_seed(cfg.seed, shard.index, split)
     size, channels, classes = cfg.image_size, cfg.input_channels, cfg.num_classes
