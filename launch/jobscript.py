@@ -64,9 +64,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--iface", help="network interface for MPI/Gloo traffic, e.g. ib0")
     add("--srun_mpi", help="slurm: srun --mpi plugin for MPI-built Horovod (default pmix)")
     add("--fusion_threshold_mb", type=float, default=-1.0,
-        help="HOROVOD_FUSION_THRESHOLD in MiB (default: Horovod's)")
+        help="HOROVOD_FUSION_THRESHOLD in MiB, for Horovod strategies (default: the train "
+        "flags' --fusion_threshold_mb, else Horovod's)")
     add("--cycle_time_ms", type=float, default=-1.0,
-        help="HOROVOD_CYCLE_TIME in ms (default: Horovod's)")
+        help="HOROVOD_CYCLE_TIME in ms, for Horovod strategies (default: the train flags' "
+        "--cycle_time_ms, else Horovod's)")
     add("--hierarchical_allreduce", action="store_true", help="HOROVOD_HIERARCHICAL_ALLREDUCE=1")
     add("--nccl_debug", default="", choices=NCCL_DEBUG_LEVELS, help="NCCL_DEBUG level")
     add("--tf_log_level", type=int, default=2, help="TF_CPP_MIN_LOG_LEVEL (default 2)")
