@@ -211,6 +211,11 @@ def test_this_process_takes_the_innermost_launcher() -> None:
     assert (env.launcher, env.rank, env.size, env.local_rank, env.local_size) == (
         "tfscale", 1, 2, 1, 2)
     assert cluster_env.this_process(slurm).launcher == "slurm"
+    # A simulated second node of a Horovod run: one worker here, rank 1 of 2 in the job.
+    node = {"TFSCALE_LOCAL_RANK": "0", "TFSCALE_LOCAL_SIZE": "1", "HOROVOD_RANK": "1",
+            "HOROVOD_SIZE": "2"}
+    env = cluster_env.this_process(node)
+    assert (env.rank, env.size, env.local_rank, env.local_size) == (1, 2, 0, 1)
     assert cluster_env.this_process({}).launcher == "none"
 
 

@@ -374,10 +374,13 @@ def this_process(environ: Mapping[str, str] = os.environ) -> ClusterEnv:
         ValueError: when the variables of the source used are malformed.
     """
     if "TFSCALE_LOCAL_RANK" in environ:
-        size = _int(environ, "TFSCALE_LOCAL_SIZE")
+        local_size = _int(environ, "TFSCALE_LOCAL_SIZE")
         local = _int(environ, "TFSCALE_LOCAL_RANK")
+        # Horovod workers (also of simulated multi-node runs) get their global place from the
+        # Gloo variables the launcher sets beside these.
         rank = _int(environ, "HOROVOD_RANK", default=local)
-        return ClusterEnv("tfscale", rank, size, local, size, node=_node(environ))
+        size = _int(environ, "HOROVOD_SIZE", default=local_size)
+        return ClusterEnv("tfscale", rank, size, local, local_size, node=_node(environ))
     if "TF_CONFIG" in environ:
         return _from_tf_config(environ["TF_CONFIG"], environ)
     return detect(environ)
