@@ -8,6 +8,10 @@ Examples::
     python -m tfscale.train --list          # registered models, datasets and strategies
 
 Exit codes are listed in :mod:`tfscale.errors`.
+
+TensorFlow is imported only by the process that trains: help, ``--list``, a bad flag or name,
+and the ``--num_processes`` launcher answer without it (model and dataset modules are imported
+when their builders are fetched, Horovod and Keras by the strategy that trains).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def main(argv: list[str]) -> int:
         from launch.local import launch_workers
 
         return launch_workers(config)
-    from tfscale import trainer
+    from tfscale import trainer  # TensorFlow loads here, once the run is known to be valid
 
     try:
         trainer.run(config)
@@ -81,6 +85,10 @@ def main(argv: list[str]) -> int:
 
 def entry() -> None:
     define_flags()
+    # --help lists the key flags of the program absl was started as (python -m tfscale.train
+    # or the tfscale-train script); the flags are defined in tfscale.flags.
+    for flag in FLAGS.get_key_flags_for_module(define_flags.__module__):
+        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(main)
 
 
