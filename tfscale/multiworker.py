@@ -44,29 +44,9 @@ import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
-# (major, minor) releases of Keras whose trainer this fix was written against and tested with.
-TESTED_KERAS = ((3, 15),)
+from tfscale.keras_version import check_keras_version
 
 _originals: dict[str, Any] = {}
-
-
-def keras_version() -> tuple[int, int]:
-    """The installed Keras's (major, minor)."""
-    major, minor = keras.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
-def check_keras_version() -> None:
-    """Raises RuntimeError unless the installed Keras is one the fix was made for."""
-    if keras_version() not in TESTED_KERAS:
-        tested = ", ".join(f"{a}.{b}.x" for a, b in TESTED_KERAS)
-        major, minor = TESTED_KERAS[-1]
-        raise RuntimeError(
-            f"tfscale.multiworker replaces private functions of Keras's TensorFlow trainer and "
-            f"was made for Keras {tested}; this environment has Keras {keras.__version__}. "
-            f"Install a tested Keras (pip install 'keras>={major}.{minor},<{major}.{minor + 1}') "
-            "or check whether this Keras trains under MultiWorkerMirroredStrategy without the "
-            "fix (docs/MIGRATING.md)")
 
 
 def _is_multi_worker(strategy: Any) -> bool:

@@ -12,6 +12,9 @@ of them.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+import os
 from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -29,6 +32,22 @@ INSTALL_HINT = (
     "(see BUILD.md); or pick --strategy default|mirrored|multiworker."
 )
 _OPS = ("mean", "sum", "max", "min")
+
+
+def check_installed() -> None:
+    """Raises RuntimeError (:data:`INSTALL_HINT`) unless Horovod is installed with its
+    TensorFlow ops, without importing them or TensorFlow: a launcher checks this before it
+    starts workers, which import both (:func:`import_horovod`)."""
+    try:
+        spec = importlib.util.find_spec("horovod.tensorflow")  # imports only horovod/__init__
+    except ImportError as err:  # not installed, or its __init__ fails
+        raise RuntimeError(f"{INSTALL_HINT} ({err})") from None
+    folders = (spec.submodule_search_locations or []) if spec else []
+    ops = [os.path.join(folder, f"mpi_lib{suffix}") for folder in folders
+           for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    if not any(os.path.exists(path) for path in ops):
+        raise RuntimeError(f"{INSTALL_HINT} (Horovod is installed without its TensorFlow ops: "
+                           "no horovod/tensorflow/mpi_lib)")
 
 
 def import_horovod() -> ModuleType:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfscale.collectives.horovod import HorovodCollectives, import_horovod
+from tfscale.collectives.horovod import HorovodCollectives, check_installed
 from tfscale.collectives.optimizer import DistributedOptimizer
 from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
 
@@ -94,7 +94,7 @@ class HorovodStrategy(Strategy):
     @classmethod
     def check_environment(cls) -> None:
         try:
-            import_horovod()
+            check_installed()  # not imported: the launcher's process stays without TensorFlow
         except RuntimeError as err:
             raise ValueError(str(err)) from None
 

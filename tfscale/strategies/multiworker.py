@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from tfscale import cluster_env
+from tfscale.keras_version import check_keras_version
 from tfscale.strategies.base import Launcher
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
 
@@ -58,11 +59,8 @@ class MultiWorkerStrategy(TFDistributeStrategy):
 
     @classmethod
     def check_environment(cls) -> None:
-        # Imported here: the Keras fixes load TensorFlow, which reading the class does not need.
-        from tfscale import multiworker as keras_fix
-
         try:
-            keras_fix.check_keras_version()
+            check_keras_version()
         except RuntimeError as err:
             raise ValueError(str(err)) from None
 
