@@ -23,6 +23,9 @@ The import graph is read from the source with ``ast`` (nothing is imported), ove
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -327,3 +330,91 @@ print(sorted(m for m in ("tensorflow", "keras", "horovod") if m in sys.modules))
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+# --- TensorFlow only when needed ----------------------------------------------------------
+
+# Runs ``python -m MODULE ARGS`` in this process, then prints which of the heavy modules it
+# loaded. A fake interpreter path (FAKE_WORKER) replaces sys.executable, so the local
+# launcher starts that script as its workers instead of ``python -m tfscale.train``.
+_RUN_AND_REPORT = """
+import json, os, runpy, sys
+module, *args = sys.argv[1:]
+sys.argv = [module, *args]
+sys.executable = os.environ.get("FAKE_WORKER", sys.executable)
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as stop:
+    code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+heavy = ("tensorflow", "keras", "horovod", "horovod.tensorflow")
+print(json.dumps({"exit": code, "loaded": [m for m in heavy if m in sys.modules]}), flush=True)
+"""
+
+
+def _run_light(module: str, *args: str, env: dict[str, str] | None = None
+               ) -> tuple[int, list[str], str]:
+    """Runs ``python -m module args`` through :data:`_RUN_AND_REPORT`: its exit code, the
+    heavy modules it loaded, and its output (stdout, then stderr)."""
+    proc = subprocess.run([sys.executable, "-c", _RUN_AND_REPORT, module, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+    *output, report = proc.stdout.splitlines() or [""]
+    assert report.startswith("{"), proc.stdout + proc.stderr
+    result = json.loads(report)
+    return result["exit"], result["loaded"], "\n".join(output) + "\n" + proc.stderr
+
+
+@pytest.mark.parametrize(("args", "code", "expected"), [
+    (["--helpshort"], 1, "--model: Model to train (see --list)."),
+    (["--helpfull"], 1, "--strategy: Distribution strategy (see --list)."),
+    (["--list"], 0, "tiny_cnn            2-conv CNN without batch norm, for tests"),
+    (["--model=nope"], 2, "error: unknown model 'nope'; available: deeplabv3plus, "),
+    (["--dataset=nope"], 2, "error: unknown dataset 'nope'; available: image_folder, "),
+    (["--strategy=nope"], 2, "error: unknown strategy 'nope'; available: "),
+    (["--model=deeplabv3plus_tiny"], 2, "error: --model=deeplabv3plus_tiny is a segmentation "
+                                        "model but --dataset=synthetic is classification data"),
+    (["--nosuchflag"], 1, "Unknown command line flag 'nosuchflag'"),
+    (["--batch_size=x"], 1, "flag --batch_size=x: invalid literal for int()"),
+    (["--target_metric=nope:1"], 2, "error: --target_metric='nope:1': 'nope' is not reported"),
+], ids=lambda value: value[0] if isinstance(value, list) else None)
+def test_train_answers_usage_without_tensorflow(args: list[str], code: int,
+                                                expected: str) -> None:
+    # Help, the plugin list and every usage error answer before TensorFlow would load.
+    exit_code, loaded, output = _run_light("tfscale.train", *args)
+    assert (exit_code, loaded) == (code, []), output
+    assert expected in output, output
+
+
+def test_jobscript_loads_no_tensorflow(tmp_path: Path) -> None:
+    job = tmp_path / "job.sbatch"
+    exit_code, loaded, output = _run_light(
+        "launch.jobscript", "slurm", "--nodes", "2", "--gpus_per_node", "4", "-o", str(job),
+        "--", "--model", "resnet50", "--strategy", "multiworker")
+    assert (exit_code, loaded) == (0, []), output
+    assert "-m tfscale.train" in job.read_text() and "--strategy=multiworker" in job.read_text()
+
+
+@pytest.mark.parametrize(("strategy", "launcher_needs"), [
+    ("multiworker", []),
+    # The Gloo rendezvous server is horovod.runner's, as under horovodrun; Horovod's
+    # TensorFlow ops (horovod.tensorflow) are the workers' business.
+    pytest.param("horovod", ["horovod"], marks=pytest.mark.skipif(
+        importlib.util.find_spec("horovod") is None, reason="needs horovod")),
+])
+def test_local_launcher_parent_loads_no_tensorflow(tmp_path: Path, strategy: str,
+                                                   launcher_needs: list[str]) -> None:
+    worker = tmp_path / "worker"
+    worker.write_text('#!/bin/sh\necho "worker $TFSCALE_LOCAL_RANK of $TFSCALE_LOCAL_SIZE '
+                      'horovod_rank=$HOROVOD_RANK tf_config=${TF_CONFIG:+set}: $*"\n')
+    worker.chmod(0o755)
+    exit_code, loaded, output = _run_light(
+        "tfscale.train", "--num_processes=2", f"--strategy={strategy}", "--model=tiny_cnn",
+        env={"FAKE_WORKER": str(worker)})
+    assert (exit_code, loaded) == (0, launcher_needs), output
+    for rank in (0, 1):
+        line = next(line for line in output.splitlines() if line.startswith(f"[{rank}] worker"))
+        assert line.startswith(f"[{rank}] worker {rank} of 2 "), output
+        assert "-m tfscale.train" in line and f"--strategy={strategy}" in line, line
+        assert ("tf_config=set" in line) == (strategy == "multiworker"), line
+        assert (f"horovod_rank={rank} " in line) == (strategy == "horovod"), line
