@@ -30,7 +30,7 @@ class Entry(Generic[T]):
     def __init__(self, name: str, description: str, meta: Mapping[str, Any], *,
                  obj: T | None = None, source: str = "") -> None:
         if (obj is None) == (not source):
-            raise ValueError(f"plugin {name!r} needs either an object or a source, not both")
+            raise ValueError(f"plugin {name!r} needs exactly one of an object and a source")
         self.name = name
         self.description = description
         self.meta: Mapping[str, Any] = dict(meta)
