@@ -55,7 +55,7 @@ PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
 
 # Built-in pipelines are declared, not imported: their modules import TensorFlow, which listing
 # the datasets or checking a name (and a tool that only parses flags) does not need.
-PIPELINES: Registry[PipelineBuilder] = Registry("dataset")
+PIPELINES: Registry[PipelineBuilder] = Registry("dataset", entry_point_group="tfscale.datasets")
 SPLITS = ("train", "validation")
 
 

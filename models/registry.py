@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ModelBuilder = Callable[["TrainConfig"], "keras.Model"]
 
-MODELS: Registry[ModelBuilder] = Registry("model")
+MODELS: Registry[ModelBuilder] = Registry("model", entry_point_group="tfscale.models")
 
 
 def register(name: str, description: str, task: str) -> Callable[[ModelBuilder], ModelBuilder]:

@@ -224,3 +224,50 @@ def test_registries_check_tasks() -> None:
         with pytest.raises(ValueError, match="task 'detection' for .* 'mine'; expected one of: "
                                              "classification, segmentation"):
             register("mine", "a detector", task="detection")
+
+
+def _doc_example(path: str) -> str:
+    """The Python block of docs/EXTENDING.md that starts with ``# path``."""
+    text = (ROOT / "docs" / "EXTENDING.md").read_text()
+    start = text.index(f"```python\n# {path}\n") + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+@pytest.fixture
+def acme_models(tmp_path: Path) -> dict[str, str]:
+    """docs/EXTENDING.md's model and dataset files as an installed package with entry points,
+    plus an entry point whose module does not exist; returns the environment that sees it."""
+    site = tmp_path / "site"
+    (site / "acme").mkdir(parents=True)
+    (site / "acme" / "__init__.py").write_text("")
+    for name in ("nets", "blobs"):
+        (site / "acme" / f"{name}.py").write_text(_doc_example(f"acme/{name}.py"))
+    dist = site / "acme-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[tfscale.models]\nacme_net = acme.nets\n\n"
+        "[tfscale.datasets]\nacme_blobs = acme.blobs\nacme_gone = acme.missing\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+
+
+@pytest.mark.slow
+def test_plugin_model_and_dataset_from_the_docs_train(tmp_path: Path,
+                                                      acme_models: dict[str, str]) -> None:
+    listed = run_process([sys.executable, "-m", "tfscale.train", "--list"], timeout=120,
+                         env=acme_models)
+    assert listed.returncode == 0, listed.stderr
+    assert "acme_net" in listed.stdout and "acme_blobs" in listed.stdout
+    assert "dataset plugin 'acme_gone' (acme.missing) failed to load" in listed.stderr
+    model_dir = tmp_path / "run"
+    proc = run_process([sys.executable, "-m", "tfscale.train", "--model=acme_net",
+                        "--dataset=acme_blobs", "--image_size=16", "--input_channels=1",
+                        "--num_classes=4", "--batch_size=16", "--epochs=4", "--steps=0",
+                        "--learning_rate=0.05", "--validation_steps=4",
+                        f"--model_dir={model_dir}"],
+                       timeout=240, env=acme_models)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = read_results(model_dir)
+    assert (results["model"], results["dataset"]) == ("acme_net", "acme_blobs")
+    assert results["evaluations"][-1]["examples"] == 64
+    assert results["evaluations"][-1]["metrics"]["val_accuracy"] > 0.5  # 4 classes: chance 0.25

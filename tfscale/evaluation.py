@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.targets import TOP5_MIN_CLASSES
+from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
 HEAD = 5  # loss sum, loss terms, examples, top-1 correct, top-5 correct
 
@@ -44,7 +45,7 @@ class SumReducer(Protocol):
 
 def sums_size(task: str, num_classes: int) -> int:
     """Length of the vector of sums for ``task``."""
-    return HEAD + (num_classes * num_classes if task == "segmentation" else 0)
+    return HEAD + (num_classes * num_classes if task == SEGMENTATION else 0)
 
 
 def batch_sums(logits: tf.Tensor, labels: tf.Tensor, loss_terms: tf.Tensor, task: str,
@@ -67,12 +68,12 @@ def batch_sums(logits: tf.Tensor, labels: tf.Tensor, loss_terms: tf.Tensor, task
     flat_logits = tf.reshape(logits, [-1, num_classes])
     predicted = tf.argmax(flat_logits, axis=-1, output_type=tf.int32)
     correct = tf.reduce_sum(tf.cast(tf.equal(predicted, flat_labels), tf.float64))
-    if task == "classification" and num_classes >= TOP5_MIN_CLASSES:
+    if task == CLASSIFICATION and num_classes >= TOP5_MIN_CLASSES:
         top5 = tf.reduce_sum(tf.cast(tf.math.in_top_k(flat_labels, flat_logits, 5), tf.float64))
     else:
         top5 = tf.constant(0.0, tf.float64)
     head = tf.stack([loss_sum, terms, examples, correct, top5])
-    if task != "segmentation":
+    if task != SEGMENTATION:
         return head
     confusion = tf.math.confusion_matrix(flat_labels, predicted, num_classes, dtype=tf.float64)
     return tf.concat([head, tf.reshape(confusion, [-1])], axis=0)
@@ -84,9 +85,9 @@ def derive(totals: np.ndarray, task: str, num_classes: int) -> dict[str, float]:
     with np.errstate(invalid="ignore", divide="ignore"):
         metrics = {"val_loss": loss_sum / terms if terms else float("nan"),
                    "val_accuracy": correct / terms if terms else float("nan")}
-        if task == "classification" and num_classes >= TOP5_MIN_CLASSES:
+        if task == CLASSIFICATION and num_classes >= TOP5_MIN_CLASSES:
             metrics["val_top5_accuracy"] = top5 / examples if examples else float("nan")
-        if task == "segmentation":
+        if task == SEGMENTATION:
             metrics.update(iou_metrics(totals[HEAD:].reshape(num_classes, num_classes)))
     return metrics
 

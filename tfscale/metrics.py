@@ -10,6 +10,7 @@ from __future__ import annotations
 import keras
 
 from tfscale.config import TrainConfig
+from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
 
 def build_metrics(config: TrainConfig, task: str) -> list[keras.metrics.Metric]:
@@ -19,9 +20,9 @@ def build_metrics(config: TrainConfig, task: str) -> list[keras.metrics.Metric]:
         ValueError: for an unknown task.
     """
     accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-    if task == "classification":
+    if task == CLASSIFICATION:
         return [accuracy]
-    if task == "segmentation":
+    if task == SEGMENTATION:
         classes = config.num_classes
         per_class = [
             keras.metrics.IoU(classes, target_class_ids=[c], sparse_y_pred=False, name=f"iou_{c}")

@@ -12,6 +12,8 @@ import the modules that build them, nor TensorFlow with them.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -57,12 +59,47 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """A mapping from names to plugins of one kind (e.g. ``"model"``)."""
 
-    def __init__(self, kind: str, load: Callable[[], object] | None = None) -> None:
+    def __init__(self, kind: str, load: Callable[[], object] | None = None,
+                 entry_point_group: str = "") -> None:
         """``load``, if given, imports the built-in plugins on the first lookup (so that importing
-        the package does not import every plugin module, e.g. before ``python -m`` runs one)."""
+        the package does not import every plugin module, e.g. before ``python -m`` runs one).
+        ``entry_point_group``, if given, names the entry-point group through which installed
+        packages add plugins: on the first lookup each such entry point's module is imported,
+        and registers its plugins as it is imported (see :meth:`load_entry_points`)."""
         self.kind = kind
+        self.entry_point_group = entry_point_group
         self._entries: dict[str, Entry[T]] = {}
         self._load = load
+        if entry_point_group:
+            self._load = self._load_all(load)
+
+    def _load_all(self, builtin: Callable[[], object] | None) -> Callable[[], None]:
+        def load() -> None:
+            if builtin is not None:
+                builtin()
+            self.load_entry_points()
+
+        return load
+
+    def load_entry_points(self) -> None:
+        """Imports the module of every entry point in :attr:`entry_point_group` whose name is not
+        registered yet; the module registers the plugin (``@register(...)``) as it is imported.
+        A plugin that fails to import, or registers nothing under its entry point's name, is
+        reported in a warning and left out: a broken package must not break the others.
+        Installed plugins' modules are imported on the first lookup, and with them whatever
+        they import (TensorFlow, for a model), so ``--list`` is slower with plugins installed."""
+        for point in importlib.metadata.entry_points(group=self.entry_point_group):
+            if point.name in self._entries:
+                continue
+            try:
+                point.load()
+            except Exception as err:
+                warnings.warn(f"{self.kind} plugin {point.name!r} ({point.value}) failed to "
+                              f"load: {err}", stacklevel=2)
+                continue
+            if point.name not in self._entries:
+                warnings.warn(f"{self.kind} plugin {point.name!r}: importing {point.value} "
+                              f"registered no {self.kind} of that name", stacklevel=2)
 
     @property
     def _all(self) -> dict[str, Entry[T]]:

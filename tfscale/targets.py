@@ -19,6 +19,8 @@ import glob
 import os
 from typing import TYPE_CHECKING
 
+from tfscale.tasks import CLASSIFICATION, SEGMENTATION
+
 if TYPE_CHECKING:
     from tfscale.config import TrainConfig
 
@@ -90,12 +92,12 @@ def reported_metrics(task: str, num_classes: int, evaluation: bool) -> list[str]
     Raises:
         ValueError: for an unknown task.
     """
-    if task == "classification":
+    if task == CLASSIFICATION:
         train = ["loss", "accuracy"]
         val = ["val_loss", "val_accuracy"]
         if num_classes >= TOP5_MIN_CLASSES:
             val.append("val_top5_accuracy")
-    elif task == "segmentation":
+    elif task == SEGMENTATION:
         per_class = [f"iou_{c}" for c in range(num_classes)]
         train = ["loss", "accuracy", "mean_iou", *per_class]
         val = ["val_loss", "val_accuracy", "val_mean_iou", *(f"val_{n}" for n in per_class)]

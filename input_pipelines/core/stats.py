@@ -25,6 +25,7 @@ from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import split_files
 from input_pipelines.core.manifest import read_json
 from input_pipelines.core.report import Progress
+from tfscale.tasks import CLASSIFICATION
 
 STATS = "stats.json"
 SPLITS = ("train", "validation")
@@ -231,5 +232,5 @@ def compute_images(data_dir: str) -> dict[str, Any]:
                             f"{err.message.splitlines()[0]}") from None
         progress.advance(len(encoded), items=1)
     progress.done()
-    return {"version": 1, "task": "classification", "classes": folder.classes,
+    return {"version": 1, "task": CLASSIFICATION, "classes": folder.classes,
             "images": len(folder.paths), "pixel_stats": stats.summary()}

@@ -41,6 +41,7 @@ from input_pipelines.core.shard_writer import (
 )
 from input_pipelines.core.stats import ImageStats
 from tfscale.files import write_json_atomic
+from tfscale.tasks import CLASSIFICATION
 
 ENCODINGS = ("jpeg", "keep")
 
@@ -142,7 +143,7 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
               "(hold some out with --validation_fraction, or put them in "
               "INPUT_DIR/validation/CLASS/)", file=sys.stderr)
     os.makedirs(output_dir, exist_ok=True)
-    header: dict[str, Any] = {"task": "classification", "classes": train.classes,
+    header: dict[str, Any] = {"task": CLASSIFICATION, "classes": train.classes,
                               "encoding": encoding}
     if validation_fraction:
         header["validation_fraction"] = validation_fraction

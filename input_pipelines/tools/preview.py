@@ -27,6 +27,7 @@ from input_pipelines.core.errors import DataError  # noqa: E402
 from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
+from tfscale.tasks import CLASSIFICATION
 
 MIN_TILE = 64  # small images are enlarged (by whole pixels) to at least this size
 GAP = 2  # pixels between tiles
@@ -102,7 +103,7 @@ def preview(config: TrainConfig, out: str, rows: int, columns: int) -> Preproces
 
     from input_pipelines import task_of
 
-    if task_of(config.dataset) != "classification" or config.input_channels not in (1, 3):
+    if task_of(config.dataset) != CLASSIFICATION or config.input_channels not in (1, 3):
         raise ValueError(f"--dataset={config.dataset} with --input_channels="
                          f"{config.input_channels}: the preview shows classification images "
                          "of 1 or 3 channels")

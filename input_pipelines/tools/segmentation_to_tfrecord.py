@@ -52,6 +52,7 @@ from input_pipelines.core.stats import (
     stats_document,
 )
 from tfscale.files import write_json_atomic
+from tfscale.tasks import SEGMENTATION
 
 Sample = tuple[str, int]  # (file, index in the file)
 
@@ -131,7 +132,7 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
     assert first is not None
     sample_shape = first[1].sample_shape
     os.makedirs(output_dir, exist_ok=True)
-    manifest = load_manifest(output_dir, {"task": "segmentation",
+    manifest = load_manifest(output_dir, {"task": SEGMENTATION,
                                           "sample_shape": list(sample_shape)})
     counts = {"train": shards, "validation": validation_shards}
     size = sum(os.path.getsize(f) for files in found.values() for f in files)
