@@ -33,9 +33,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tfscale.registry import Registry
+from tfscale.registry import TaskRegistry
 from tfscale.shard import Shard  # re-exported: pipelines take it, strategies make it
-from tfscale.tasks import CLASSIFICATION, SEGMENTATION, check_task
+from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -55,40 +55,15 @@ PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
 
 # Built-in pipelines are declared, not imported: their modules import TensorFlow, which listing
 # the datasets or checking a name (and a tool that only parses flags) does not need.
-PIPELINES: Registry[PipelineBuilder] = Registry("dataset", entry_point_group="tfscale.datasets")
+PIPELINES: TaskRegistry[PipelineBuilder] = TaskRegistry("dataset",
+                                                        entry_point_group="tfscale.datasets")
 SPLITS = ("train", "validation")
 
 
-def register(
-    name: str, description: str, task: str
-) -> Callable[[PipelineBuilder], PipelineBuilder]:
-    """Registers a pipeline builder under ``name`` for ``task`` (classification|segmentation).
-
-    Raises:
-        ValueError: for an unknown task or a name already registered.
-    """
-    check_task(task, f"dataset {name!r}")
-    return PIPELINES.register(name, description, task=task)
-
-
-def declare(name: str, builder: str, description: str, task: str) -> None:
-    """Registers the builder at ``builder`` (``"module:function"``) under ``name`` for ``task``
-    without importing its module (see :meth:`tfscale.registry.Registry.declare`).
-
-    Raises:
-        ValueError: for an unknown task or a name already registered.
-    """
-    check_task(task, f"dataset {name!r}")
-    PIPELINES.declare(name, builder, description, task=task)
-
-
-def task_of(name: str) -> str:
-    """The task (classification|segmentation) of registered dataset ``name``.
-
-    Raises:
-        UnknownNameError: listing the registered datasets.
-    """
-    return str(PIPELINES.entry(name).meta["task"])
+# Registering checks the task (classification|segmentation); task_of reads it without importing.
+register = PIPELINES.register_for
+declare = PIPELINES.declare_for
+task_of = PIPELINES.task_of
 
 
 # One module per dataset under input_pipelines/datasets/, each with a ``build`` function.

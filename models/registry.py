@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tfscale.registry import Registry
-from tfscale.tasks import CLASSIFICATION, SEGMENTATION, check_task
+from tfscale.registry import TaskRegistry
+from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
 if TYPE_CHECKING:
     import keras
@@ -31,37 +31,13 @@ if TYPE_CHECKING:
 
 ModelBuilder = Callable[["TrainConfig"], "keras.Model"]
 
-MODELS: Registry[ModelBuilder] = Registry("model", entry_point_group="tfscale.models")
+MODELS: TaskRegistry[ModelBuilder] = TaskRegistry("model", entry_point_group="tfscale.models")
 
 
-def register(name: str, description: str, task: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    """Registers a model builder under ``name`` for ``task`` (classification|segmentation).
-
-    Raises:
-        ValueError: for an unknown task or a name already registered.
-    """
-    check_task(task, f"model {name!r}")
-    return MODELS.register(name, description, task=task)
-
-
-def declare(name: str, builder: str, description: str, task: str) -> None:
-    """Registers the builder at ``builder`` (``"module:function"``) under ``name`` for ``task``
-    without importing its module (see :meth:`tfscale.registry.Registry.declare`).
-
-    Raises:
-        ValueError: for an unknown task or a name already registered.
-    """
-    check_task(task, f"model {name!r}")
-    MODELS.declare(name, builder, description, task=task)
-
-
-def task_of(name: str) -> str:
-    """The task (classification|segmentation) of registered model ``name``.
-
-    Raises:
-        UnknownNameError: listing the registered models.
-    """
-    return str(MODELS.entry(name).meta["task"])
+# Registering checks the task (classification|segmentation); task_of reads it without importing.
+register = MODELS.register_for
+declare = MODELS.declare_for
+task_of = MODELS.task_of
 
 
 declare("resnet50", "models.resnet50:build_resnet50",

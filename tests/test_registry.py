@@ -15,6 +15,18 @@ from tests.conftest import ROOT, read_results, run_process
 from tfscale.registry import Registry, UnknownNameError
 
 
+def install(site: Path, package: str, files: dict[str, str], entry_points: str) -> None:
+    """Installs package ``package`` (its ``files`` by name) in ``site`` the way pip would for
+    entry points: the package and a ``.dist-info`` with METADATA and entry_points.txt."""
+    (site / package).mkdir(parents=True)
+    for name, text in files.items():
+        (site / package / name).write_text(text)
+    dist = site / f"{package}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(entry_points)
+
+
 def test_registry_lookup_and_listing() -> None:
     reg: Registry[int] = Registry("widget")
     reg.add("b", 2, "the second")
@@ -58,16 +70,10 @@ def test_strategy_from_an_installed_package_entry_point(
 ) -> None:
     from tfscale.strategies import STRATEGIES, registry
 
-    package = tmp_path / "acme_strategy"
-    package.mkdir()
-    (package / "__init__.py").write_text(
+    install(tmp_path, "acme_strategy", {"__init__.py": (
         "from tfscale.strategies import SingleProcessStrategy\n\n"
         "class AcmeStrategy(SingleProcessStrategy):\n"
-        '    """Acme\'s in-house strategy."""\n')
-    dist = tmp_path / "acme_strategy-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-strategy\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
+        '    """Acme\'s in-house strategy."""\n')},
         "[tfscale.strategies]\nacme = acme_strategy:AcmeStrategy\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "_plugins_loaded", False)
@@ -98,14 +104,9 @@ def acme(tmp_path: Path) -> dict[str, str]:
     """An installed package (on PYTHONPATH, for subprocesses) declaring two strategies as
     entry points; returns the environment that sees it."""
     site = tmp_path / "site"
-    (site / "acme_strategies").mkdir(parents=True)
-    (site / "acme_strategies" / "__init__.py").write_text(ACME)
-    dist = site / "acme_strategies-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-strategies\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[tfscale.strategies]\nacme_hvd = acme_strategies:AcmeHorovod\n"
-        "acme_workers = acme_strategies:AcmeWorkers\n")
+    install(site, "acme_strategies", {"__init__.py": ACME},
+            "[tfscale.strategies]\nacme_hvd = acme_strategies:AcmeHorovod\n"
+            "acme_workers = acme_strategies:AcmeWorkers\n")
     return {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
 
 
@@ -238,16 +239,10 @@ def acme_models(tmp_path: Path) -> dict[str, str]:
     """docs/EXTENDING.md's model and dataset files as an installed package with entry points,
     plus an entry point whose module does not exist; returns the environment that sees it."""
     site = tmp_path / "site"
-    (site / "acme").mkdir(parents=True)
-    (site / "acme" / "__init__.py").write_text("")
-    for name in ("nets", "blobs"):
-        (site / "acme" / f"{name}.py").write_text(_doc_example(f"acme/{name}.py"))
-    dist = site / "acme-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[tfscale.models]\nacme_net = acme.nets\n\n"
-        "[tfscale.datasets]\nacme_blobs = acme.blobs\nacme_gone = acme.missing\n")
+    install(site, "acme", {"__init__.py": "", **{f"{name}.py": _doc_example(f"acme/{name}.py")
+                                                 for name in ("nets", "blobs")}},
+            "[tfscale.models]\nacme_net = acme.nets\n\n"
+            "[tfscale.datasets]\nacme_blobs = acme.blobs\nacme_gone = acme.missing\n")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
 
 

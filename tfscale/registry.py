@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+from tfscale.tasks import check_task
+
 T = TypeVar("T")
 
 
@@ -178,3 +180,36 @@ class Registry(Generic[T]):
         """One line per entry: ``name  description``."""
         width = max((len(n) for n in self._all), default=0)
         return "\n".join(f"  {e.name:<{width}}  {e.description}" for e in self)
+
+
+class TaskRegistry(Registry[T]):
+    """A registry whose plugins each serve one task (:mod:`tfscale.tasks`): models and
+    datasets. Registering checks the task; :meth:`task_of` reads it without importing a
+    declared plugin."""
+
+    def register_for(self, name: str, description: str, task: str) -> Callable[[T], T]:
+        """Decorator registering a builder under ``name`` for ``task``.
+
+        Raises:
+            ValueError: for an unknown task or a name already registered.
+        """
+        check_task(task, f"{self.kind} {name!r}")
+        return self.register(name, description, task=task)
+
+    def declare_for(self, name: str, builder: str, description: str, task: str) -> None:
+        """Registers the builder at ``builder`` (``"module:function"``) under ``name`` for
+        ``task`` without importing its module (see :meth:`Registry.declare`).
+
+        Raises:
+            ValueError: for an unknown task or a name already registered.
+        """
+        check_task(task, f"{self.kind} {name!r}")
+        self.declare(name, builder, description, task=task)
+
+    def task_of(self, name: str) -> str:
+        """The task of registered ``name``.
+
+        Raises:
+            UnknownNameError: listing the registered names.
+        """
+        return str(self.entry(name).meta["task"])
