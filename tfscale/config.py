@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
 
 from tfscale.strategies import DEFAULT_STRATEGY, check_config
@@ -92,6 +93,10 @@ class TrainConfig:
     fp16_allreduce: bool = False
     fusion_threshold_mb: float = -1.0
     cycle_time_ms: float = -1.0
+    # Looking inside a step.
+    profile_steps: str = ""
+    horovod_timeline: bool = False
+    horovod_autotune: bool = False
     # Output and reliability.
     model_dir: str = ""
     checkpoint_every: int = 0
@@ -117,6 +122,36 @@ class TrainConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+    @property
+    def profile_range(self) -> tuple[int, int] | None:
+        """``profile_steps`` as (first, last) training step, 1-based and inclusive; None when
+        not profiling.
+
+        Raises:
+            ValueError: naming the flag, for anything but ``A:B`` with 1 <= A <= B.
+        """
+        if not self.profile_steps:
+            return None
+        first, sep, last = self.profile_steps.partition(":")
+        try:
+            steps = (int(first), int(last if sep else first))
+        except ValueError:
+            steps = (0, 0)
+        if not 1 <= steps[0] <= steps[1]:
+            raise ValueError(f"--profile_steps={self.profile_steps!r}: expected A:B, the first "
+                             "and last training step to trace, with 1 <= A <= B (e.g. 10:12)")
+        return steps
+
+    @property
+    def horovod_timeline_path(self) -> str:
+        """Where ``--horovod_timeline`` writes Horovod's timeline (chrome://tracing JSON)."""
+        return os.path.join(self.model_dir, "horovod_timeline.json")
+
+    @property
+    def horovod_autotune_log(self) -> str:
+        """Where ``--horovod_autotune`` logs each setting it tried and its score (CSV)."""
+        return os.path.join(self.model_dir, "horovod_autotune.csv")
 
     @property
     def decay_boundaries(self) -> tuple[int, ...]:
@@ -196,6 +231,10 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lr_schedule == "step" and not cfg.decay_boundaries:
         raise ValueError("--lr_schedule=step needs --lr_decay_steps, e.g. --lr_decay_steps=30,60")
     check_config(cfg)  # the strategy's own flags and checks, which its class owns
+    profile = cfg.profile_range
+    if profile and cfg.steps > 0 and profile[1] > cfg.steps:
+        raise ValueError(f"--profile_steps={cfg.profile_steps} ends after the run's last step "
+                         f"(--steps={cfg.steps})")
     if cfg.target_metric:
         # Its form and direction here; its metric name, which depends on the model's task,
         # in tfscale.plugins.validate_names. Imported here: targets imports this module.

@@ -93,6 +93,14 @@ HELP: dict[str, str] = {
     "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
     "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
     "cycle_time_ms": "Horovod cycle time in ms (-1 = Horovod's default).",
+    "profile_steps": "A:B traces training steps A to B (1-based, inclusive) with TensorFlow's "
+    "profiler on the chief, into MODEL_DIR/tensorboard (TensorBoard's profile tab). Empty: off.",
+    "horovod_timeline": "Write Horovod's timeline of every collective (negotiation, fusion, "
+    "all-reduce) to MODEL_DIR/horovod_timeline.json, for chrome://tracing or Perfetto. Horovod "
+    "strategies only.",
+    "horovod_autotune": "Let Horovod's autotuner search the fusion buffer, cycle time and "
+    "hierarchical settings while training; each setting tried and its score go to "
+    "MODEL_DIR/horovod_autotune.csv. Horovod strategies only.",
     "model_dir": "Where checkpoints, logs, results.json and model.keras go (default "
     "runs/MODEL-DATASET-STRATEGY). An existing checkpoint there is resumed.",
     "checkpoint_every": "Checkpoint every N steps (0 = at the end of each epoch).",

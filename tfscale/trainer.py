@@ -203,6 +203,9 @@ class Trainer:
         named["events"] = cbs.EpochEvents(self.events)
         named["checkpoint"] = cbs.Checkpoint(manager, cfg.checkpoint_every)
         named["progress"] = cbs.ProgressLogger(total, cfg.log_every, self.global_batch)
+        profile = cfg.profile_range
+        if profile and self.strategy.is_chief:
+            named["profile"] = cbs.ProfileSteps(*profile, str(self.model_dir / "tensorboard"))
         if cfg.tensorboard and self.strategy.is_chief:
             named["tensorboard"] = keras.callbacks.TensorBoard(
                 str(self.model_dir / "tensorboard"), write_graph=False)

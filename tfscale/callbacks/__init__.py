@@ -8,6 +8,7 @@ from tfscale.callbacks.evaluation import Evaluation
 from tfscale.callbacks.events import EpochEvents
 from tfscale.callbacks.guard import TrainingGuard
 from tfscale.callbacks.metric_average import MetricAverage
+from tfscale.callbacks.profile import ProfileSteps
 from tfscale.callbacks.progress import ProgressLogger
 from tfscale.callbacks.target import TargetStop
 from tfscale.callbacks.throughput import ThroughputMeter
@@ -15,4 +16,5 @@ from tfscale.callbacks.warmup import LearningRateWarmup
 
 __all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "DDLGlobalVariablesBroadcast",
            "DDLMetricSync", "EpochEvents", "Evaluation", "LearningRateWarmup", "MetricAverage",
-           "ProgressLogger", "TargetStop", "ThroughputMeter", "TrainingGuard", "check_ddl_order"]
+           "ProfileSteps", "ProgressLogger", "TargetStop", "ThroughputMeter", "TrainingGuard",
+           "check_ddl_order"]

@@ -71,7 +71,8 @@ class HorovodStrategy(Strategy):
     jit_scope = "model"
     one_rank_per_gpu = True
     job_launchers = ALL_JOB_LAUNCHERS | {"ddlrun"}
-    tuning_flags = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms")
+    tuning_flags = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms",
+                    "horovod_timeline", "horovod_autotune")
 
     @classmethod
     def environment(cls, config: TrainConfig) -> dict[str, str]:
@@ -89,6 +90,11 @@ class HorovodStrategy(Strategy):
             env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, timeout // 2))
             env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(timeout)
             env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(timeout)
+        if config.horovod_timeline:
+            env["HOROVOD_TIMELINE"] = config.horovod_timeline_path
+        if config.horovod_autotune:
+            env["HOROVOD_AUTOTUNE"] = "1"
+            env["HOROVOD_AUTOTUNE_LOG"] = config.horovod_autotune_log
         return env
 
     @classmethod
@@ -99,6 +105,9 @@ class HorovodStrategy(Strategy):
             raise ValueError(str(err)) from None
 
     def setup(self) -> None:
+        if self.config.horovod_timeline or self.config.horovod_autotune:
+            # Horovod opens its timeline and autotune log in hvd.init(), in an existing folder.
+            os.makedirs(self.config.model_dir, exist_ok=True)
         os.environ.update(self.environment(self.config))
         self.comm = HorovodCollectives()
         self._check_size()

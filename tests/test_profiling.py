@@ -1,0 +1,61 @@
+"""Seeing inside a step: --profile_steps, --horovod_timeline, --horovod_autotune."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, read_results, requires_horovod, run_train
+from tfscale import plugins
+from tfscale.config import TrainConfig
+from tfscale.strategies.ddl import DDLStrategy
+from tfscale.strategies.horovod import HorovodStrategy
+
+
+def test_profile_steps_are_first_and_last_step() -> None:
+    assert TrainConfig(profile_steps="3:5").profile_range == (3, 5)
+    assert TrainConfig(profile_steps="4").profile_range == (4, 4)
+    assert TrainConfig().profile_range is None
+    for bad in ("5:3", "0:2", "a:b", "3:"):
+        with pytest.raises(ValueError, match=f"--profile_steps='{bad}': expected A:B"):
+            TrainConfig(profile_steps=bad)
+    with pytest.raises(ValueError, match=r"--profile_steps=8:12 ends after .*--steps=10"):
+        TrainConfig(profile_steps="8:12", steps=10)
+
+
+def test_timeline_and_autotune_become_horovod_variables() -> None:
+    config = TrainConfig(strategy="horovod", model_dir="/runs/a", horovod_timeline=True,
+                         horovod_autotune=True)
+    for cls in (HorovodStrategy, DDLStrategy):
+        env = cls.environment(config)
+        assert env["HOROVOD_TIMELINE"] == "/runs/a/horovod_timeline.json"
+        assert env["HOROVOD_AUTOTUNE"] == "1"
+        assert env["HOROVOD_AUTOTUNE_LOG"] == "/runs/a/horovod_autotune.csv"
+    assert "HOROVOD_TIMELINE" not in HorovodStrategy.environment(TrainConfig(strategy="horovod"))
+    with pytest.warns(UserWarning, match="--horovod_timeline only affect"):
+        plugins.validate_names(TrainConfig(strategy="default", horovod_timeline=True))
+
+
+def test_profile_steps_write_a_trace_for_tensorboard(tmp_path: Path) -> None:
+    proc = run_train(*TINY, "--steps=6", "--profile_steps=3:4", f"--model_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    traces = list((tmp_path / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1, traces
+    assert traces[0].stat().st_size > 0
+
+
+@requires_horovod
+@pytest.mark.slow
+def test_horovod_timeline_and_autotune_log_are_written(tmp_path: Path) -> None:
+    proc = run_train(*TINY, "--strategy=horovod", "--num_processes=2", "--steps=30",
+                     "--horovod_timeline", "--horovod_autotune", f"--model_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert read_results(tmp_path)["steps"] == 30
+    timeline = (tmp_path / "horovod_timeline.json").read_text()
+    # Horovod writes a JSON array of trace events and may leave it unterminated.
+    events = json.loads(timeline.rstrip().rstrip(",") + ("" if timeline.rstrip().endswith("]")
+                                                         else "]"))
+    assert any("ALLREDUCE" in str(event.get("name", "")) for event in events), timeline[:500]
+    assert (tmp_path / "horovod_autotune.csv").exists()
