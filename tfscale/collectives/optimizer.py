@@ -161,6 +161,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
         kwargs["op"] = op
 
     def reduce(grads: list[Any]) -> list[Any]:
+        if _set_size(hvd, process_set) == 1:
+            # Nothing to exchange: a one-rank all-reduce is the identity (also with Sum and the
+            # pre/post-scaling, which cancel), but costs a round through Horovod's background
+            # thread on every step.
+            return grads
         if sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
