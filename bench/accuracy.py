@@ -63,6 +63,14 @@ RUNS: dict[str, tuple[list[str], int, list[str]]] = {
                                  ["--optimizer=lars", "--lars_eta=0.01",
                                   f"--learning_rate={BASE_LR * 40}"]),
 }
+
+
+def lars_run(learning_rate: float) -> str:
+    """Adds (and names) the LARS run at 4x the batch with another learning rate."""
+    name = f"horovod x2 LARS 4x batch lr {learning_rate:g}"
+    strategy, batch, extra = RUNS["horovod x2 LARS 4x batch"]
+    RUNS[name] = (strategy, batch, [*extra[:-1], f"--learning_rate={learning_rate:g}"])
+    return name
 SAME_BATCH = ("keras", "default", "mirrored x2", "horovod x2", "multiworker x2", "ddl x2")
 
 
@@ -206,19 +214,22 @@ def main() -> None:
     parser.add_argument("--runs", default=",".join(["keras", *RUNS]),
                         help="comma-separated run names")
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "tfscale-digits")
+    parser.add_argument("--lars_lr", default="",
+                        help="comma-separated learning rates of extra LARS 4x-batch runs")
     parser.add_argument("--append", action="store_true",
                         help="keep the runs already in bench/results/accuracy.json (measured on "
                              "the same CPU) and add these seeds to them")
     args = parser.parse_args()
     data_dir = prepare(args.data)
     seeds = [int(s) for s in args.seeds.split(",")]
+    extra = [lars_run(float(lr)) for lr in args.lars_lr.split(",") if lr]
     runs: list[dict[str, Any]] = previous_runs(args.epochs) if args.append else []
     result: dict[str, Any] = {
         "cpu": cpu_description(), "epochs": args.epochs, "target": args.target,
         "seeds": sorted({*seeds, *(r["seed"] for r in runs)}), "runs": runs}
     # Seeds outermost, so an interrupted run still has every configuration at least once.
     for seed in seeds:
-        for name in args.runs.split(","):
+        for name in [*(n for n in args.runs.split(",") if n), *extra]:
             run = (keras_run(data_dir, args.epochs, seed) if name == "keras"
                    else tfscale_run(name, data_dir, args.epochs, seed))
             runs.append(run)
