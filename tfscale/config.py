@@ -68,6 +68,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     lr_scaling: str = "none"
+    grad_accum_steps: int = 1
     warmup_steps: int = 0
     lr_schedule: str = "constant"
     lr_decay_steps: str = ""
@@ -202,7 +203,7 @@ def validate(cfg: TrainConfig) -> None:
     ):
         _choice(cfg, name, choices)
     for name in ("num_processes", "batch_size", "epochs", "image_size", "input_channels",
-                 "keep_checkpoints", "log_every"):
+                 "keep_checkpoints", "log_every", "grad_accum_steps"):
         _at_least(cfg, name, 1)
     _at_least(cfg, "num_classes", 2)
     for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every", "cpu_replicas",

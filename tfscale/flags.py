@@ -21,8 +21,9 @@ HELP: dict[str, str] = {
     "strategy": "Distribution strategy (see --list).",
     "num_processes": "Launch N local workers and wait for them; 1 runs in this process. Under "
     "horovodrun/mpirun/srun it must match the job's size.",
-    "batch_size": "Batch size per replica; the global batch is batch_size x replicas.",
-    "steps": "Total training steps (0 = epochs x one pass over a finite dataset).",
+    "batch_size": "Batch size per replica (per micro-batch with --grad_accum_steps); the global "
+    "batch is batch_size x replicas x grad_accum_steps.",
+    "steps": "Total optimizer steps (0 = epochs x one pass over a finite dataset).",
     "epochs": "Number of epochs the steps are divided into (logs, metrics, checkpoints).",
     "image_size": "Height and width of input images.",
     "input_channels": "Channels of the input (3 for RGB, 16 for climate data).",
@@ -63,7 +64,12 @@ HELP: dict[str, str] = {
     "learning_rate": "Base learning rate (for the reference batch before --lr_scaling).",
     "momentum": "Momentum (SGD/Nesterov/LARS/LARC) or beta_1 (AdamW/LAMB).",
     "weight_decay": "Weight decay.",
-    "lr_scaling": "linear: multiply the learning rate by the number of workers (Goyal et al.).",
+    "lr_scaling": "linear: multiply the learning rate by global batch / batch_size = replicas x "
+    "grad_accum_steps (Goyal et al.).",
+    "grad_accum_steps": "Gradient accumulation: each optimizer step averages the gradients of K "
+    "micro-batches of batch_size per replica, run one after the other, and exchanges them once "
+    "(all strategies). --steps, warmup, schedules and checkpoints count optimizer steps; images/s "
+    "counts examples. See docs/LARGE_BATCH.md.",
     "warmup_steps": "Linear learning-rate warmup steps from 0 to the scaled rate.",
     "lr_schedule": "Decay after warmup.",
     "lr_decay_steps": "Comma-separated step boundaries for --lr_schedule=step.",

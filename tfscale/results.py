@@ -22,7 +22,7 @@ def summary(results: dict[str, Any]) -> str:
     rows = [
         ("model / strategy", f"{results['model']} / {results['strategy']}"),
         ("workers x replicas", f"{results['num_workers']} x {results['replicas_per_worker']}"),
-        ("global batch", str(results["global_batch_size"])),
+        ("global batch", describe_batch(results)),
         ("steps", f"{results['steps']} (this run: {results['steps_this_run']})"),
         ("images/sec (total)", f"{results['images_per_sec']:.2f}"),
         ("images/sec per worker", f"{results['images_per_sec_per_worker']:.2f}"),
@@ -41,6 +41,13 @@ def summary(results: dict[str, Any]) -> str:
              if k not in ("loss", "images_per_sec", "step_time_ms")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["== tfscale summary =="] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def describe_batch(results: dict[str, Any]) -> str:
+    """The global batch, with the micro-batches of a step when gradients were accumulated."""
+    micro = results.get("grad_accum_steps", 1)
+    extra = f" ({micro} micro-batches per optimizer step)" if micro > 1 else ""
+    return f"{results['global_batch_size']}{extra}"
 
 
 def describe_target(target: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ from tfscale.events import EventLog
 from tfscale.files import write_json_atomic
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
-from tfscale.optimizers import build_optimizer
+from tfscale.optimizers import accumulate_gradients, build_optimizer
 from tfscale.strategies import Strategy, create, running
 
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16",
@@ -127,15 +127,21 @@ class Trainer:
         self.config = config
         self.strategy = strategy
         self.model_dir = Path(config.model_dir)
-        self.global_batch = config.batch_size * strategy.num_replicas
+        # Examples per optimizer step: with --grad_accum_steps K, each step is K micro-batches.
+        self.global_batch = config.batch_size * strategy.num_replicas * config.grad_accum_steps
         self.task = models.task_of(config.model)
         self.target = targets.check_evaluation(config, self.task)
         self.events = EventLog(self.model_dir / "events.jsonl")
 
+    def _process_batch(self, split: str) -> int:
+        """Examples this process reads per step: a training step takes all its micro-batches
+        at once (:func:`~tfscale.optimizers.accumulate_gradients` splits them)."""
+        micro_batches = self.config.grad_accum_steps if split == "train" else 1
+        return self.config.batch_size * self.strategy.replicas_in_process * micro_batches
+
     def _data(self, split: str) -> input_pipelines.Batches:
         build = input_pipelines.PIPELINES.get(self.config.dataset)
-        per_process = self.config.batch_size * self.strategy.replicas_in_process
-        return build(self.config, self.strategy.shard(), split, per_process)
+        return build(self.config, self.strategy.shard(), split, self._process_batch(split))
 
     def _evaluator(self) -> Evaluator | None:
         """The evaluation of this run, or None when it has no validation data."""
@@ -154,7 +160,7 @@ class Trainer:
         if cfg.steps:
             total = cfg.steps
         else:
-            per_process = cfg.batch_size * self.strategy.replicas_in_process
+            per_process = self._process_batch("train")
             if not train.examples or train.examples < per_process:
                 raise ValueError(f"--steps=0 needs a finite dataset of at least one batch; "
                                  f"--dataset={cfg.dataset} gives {train.examples} examples "
@@ -175,6 +181,7 @@ class Trainer:
                           metrics=build_metrics(cfg, self.task),
                           jit_compile=cfg.xla == "jit" and self.strategy.jit_scope == "step")
             optimizer.build(model.trainable_variables)
+            accumulate_gradients(model, cfg.grad_accum_steps)
         self.strategy.prepare_model(model)
         return model
 
@@ -234,8 +241,10 @@ class Trainer:
             rank_zero.log(f"{self.model_dir} is already trained to step {start} of {total}; "
                           "nothing to do (raise --steps to train further)")
             return results.read_results(self.model_dir) or {}
+        micro = (f" x {cfg.grad_accum_steps} micro-batches per step"
+                 if cfg.grad_accum_steps > 1 else "")
         rank_zero.log(f"{strategy.describe()}; global batch {self.global_batch} "
-                      f"({cfg.batch_size} per replica); steps {start}->{total}; "
+                      f"({cfg.batch_size} per replica{micro}); steps {start}->{total}; "
                       f"model_dir {self.model_dir}")
         start_time = time.time()
         self.events.emit("run_start", model=cfg.model, dataset=cfg.dataset,
@@ -310,7 +319,8 @@ class Trainer:
         out = {
             "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
             "num_workers": strategy.size, "replicas_per_worker": strategy.replicas_in_process,
-            "global_batch_size": self.global_batch, "steps": step,
+            "global_batch_size": self.global_batch, "grad_accum_steps": cfg.grad_accum_steps,
+            "steps": step,
             "steps_this_run": step - start, "images_per_sec": meter.images_per_sec,
             "images_per_sec_per_worker": meter.images_per_sec / strategy.size,
             "step_time_ms": meter.step_time_ms, "final_loss": final_loss,

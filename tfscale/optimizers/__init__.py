@@ -5,17 +5,21 @@ from __future__ import annotations
 import keras
 
 from tfscale.config import TrainConfig
+from tfscale.optimizers.accumulation import accumulate_gradients
 from tfscale.optimizers.lars import LARC, LARS, TrustRatioSGD
 from tfscale.optimizers.schedules import WarmupDecay
 
-__all__ = ["LARC", "LARS", "TrustRatioSGD", "WarmupDecay", "build_optimizer", "build_schedule",
-           "scaled_learning_rate"]
+__all__ = ["LARC", "LARS", "TrustRatioSGD", "WarmupDecay", "accumulate_gradients",
+           "build_optimizer", "build_schedule", "scaled_learning_rate"]
 
 
 def scaled_learning_rate(config: TrainConfig, world_size: int) -> float:
-    """The peak learning rate: ``learning_rate`` times ``world_size`` under the linear scaling
-    rule (Goyal et al. 2017), else ``learning_rate``."""
-    return config.learning_rate * (world_size if config.lr_scaling == "linear" else 1)
+    """The peak learning rate: under the linear scaling rule (Goyal et al. 2017),
+    ``learning_rate`` times the global batch over ``batch_size``, i.e. ``world_size`` (replicas)
+    x ``grad_accum_steps``; else ``learning_rate``."""
+    if config.lr_scaling != "linear":
+        return config.learning_rate
+    return config.learning_rate * world_size * config.grad_accum_steps
 
 
 def build_schedule(config: TrainConfig, world_size: int, total_steps: int) -> WarmupDecay:

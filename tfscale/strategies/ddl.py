@@ -71,7 +71,9 @@ class DDLStrategy(HorovodStrategy):
 
     def describe(self) -> str:
         if self.config.lr_scaling == "linear":
-            lr = f"learning rate x{self.size} (--lr_scaling=linear)"
+            # The learners, times the micro-batches of a step (the global batch's growth).
+            factor = self.size * self.config.grad_accum_steps
+            lr = f"learning rate x{factor} (--lr_scaling=linear)"
         else:
             lr = "learning rate not scaled (DDL scales it by the learners: --lr_scaling=linear)"
         return (f"{self.config.strategy}: {self.size} learner(s) on "
