@@ -42,14 +42,20 @@ def test_train_cli_under_horovodrun(tmp_path: Path) -> None:
     assert results["num_workers"] == 2 and results["global_batch_size"] == 8
 
 
-def test_num_processes_launcher_and_linear_scaling(tmp_path: Path) -> None:
+def test_num_processes_launcher_linear_scaling_and_accumulation(tmp_path: Path) -> None:
+    # With 2 micro-batches per step, steps and checkpoints count optimizer steps and the
+    # global batch (and so images/s) counts both workers' micro-batches.
     proc = run_train(*TINY, "--strategy=horovod", "--num_processes=2", "--steps=4",
-                     "--lr_scaling=linear", "--learning_rate=0.05", f"--model_dir={tmp_path}")
+                     "--grad_accum_steps=2", "--lr_scaling=linear", "--learning_rate=0.05",
+                     f"--model_dir={tmp_path}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[0] step 4/4" in proc.stdout
+    assert "[0] step 4/4" in proc.stdout and "[0] step 5" not in proc.stdout
+    assert "global batch 16 (4 per replica x 2 micro-batches per step)" in proc.stdout
     assert "[1] step" not in proc.stdout, "only the chief prints progress"
     results = read_results(tmp_path)
     assert results["num_workers"] == 2 and results["steps"] == 4
+    assert results["global_batch_size"] == 16 and results["grad_accum_steps"] == 2
+    assert results["images_per_sec"] == pytest.approx(16 * 1000 / results["step_time_ms"])
     assert results["images_per_sec_per_worker"] == pytest.approx(results["images_per_sec"] / 2)
     assert (tmp_path / "checkpoints" / "ckpt-000000004.npz").exists()
 

@@ -53,12 +53,15 @@ def test_train_cli_multiworker_and_mirrored(tmp_path: Path) -> None:
     results = read_results(tmp_path / "mw")
     assert results["num_workers"] == 2 and results["global_batch_size"] == 8
     assert [e["examples"] for e in results["evaluations"]] == [16]
+    # Mirrored with 2 micro-batches per step: Keras splits the process's 16 examples between
+    # the replicas, each replica splits its 8 into micro-batches; evaluation is unchanged.
     proc = run_train(*TINY, "--strategy=mirrored", "--cpu_replicas=2", "--steps=3",
-                     "--validation_steps=2", f"--model_dir={tmp_path / 'mirrored'}")
+                     "--grad_accum_steps=2", "--validation_steps=2",
+                     f"--model_dir={tmp_path / 'mirrored'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = read_results(tmp_path / "mirrored")
     assert results["num_workers"] == 1 and results["replicas_per_worker"] == 2
-    assert results["global_batch_size"] == 8
+    assert results["global_batch_size"] == 16 and results["steps"] == 3
     assert [e["examples"] for e in results["evaluations"]] == [16]
 
 

@@ -4,7 +4,11 @@ Trains ``tiny_cnn`` (no batch norm) with plain SGD for ``--steps`` steps under `
 on fixed data: step ``i``'s global batch is the same whatever the strategy, and each replica
 reads its own contiguous slice of it. Workers start from different random weights (seed +
 rank), so identical results also prove the initial broadcast. Each process writes its final
-weights to ``OUT/rank<R>.npz``.
+weights to ``OUT/rank<R>.npz``, and to ``OUT/rank<R>.json`` what its training steps ran: forward
+passes, the largest batch one of them saw, and (Horovod) grouped all-reduces.
+
+With ``--grad_accum_steps K`` a step is K micro-batches of ``--batch`` per replica
+(:func:`tfscale.optimizers.accumulate_gradients`).
 
     python -m tests.workers.equivalence --strategy horovod --steps 1 --batch 4 --out DIR
 """
@@ -12,6 +16,7 @@ weights to ``OUT/rank<R>.npz``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +28,7 @@ import tensorflow as tf  # noqa: E402
 
 from models.small import tiny_cnn  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
+from tfscale.optimizers import accumulate_gradients  # noqa: E402
 from tfscale.strategies import create, running  # noqa: E402
 from tfscale.trainer import configure_runtime  # noqa: E402
 
@@ -36,6 +42,39 @@ def global_batches(steps: int, global_batch: int) -> tuple[np.ndarray, np.ndarra
     return x, y
 
 
+class Counts:
+    """Counters that the training function itself increments (so they count executions, not
+    traces); created outside the strategy's scope, so every process keeps its own."""
+
+    def __init__(self) -> None:
+        self.values = {name: tf.Variable(0, dtype=tf.int64, trainable=False)
+                       for name in ("forward_passes", "largest_forward_batch", "allreduces")}
+
+    def count_forward(self, model: keras.Model) -> None:
+        call = model.call
+
+        def counted(inputs, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.values["forward_passes"].assign_add(1)
+            batch = tf.cast(tf.shape(inputs)[0], tf.int64)
+            self.values["largest_forward_batch"].assign(
+                tf.maximum(self.values["largest_forward_batch"], batch))
+            return call(inputs, *args, **kwargs)
+
+        model.call = counted
+
+    def count_allreduces(self, hvd) -> None:  # type: ignore[no-untyped-def]
+        grouped = hvd.grouped_allreduce
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.values["allreduces"].assign_add(1)
+            return grouped(*args, **kwargs)
+
+        hvd.grouped_allreduce = counted
+
+    def to_dict(self) -> dict[str, int]:
+        return {name: int(v.numpy()) for name, v in self.values.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", required=True)
@@ -43,31 +82,39 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="per-replica batch")
     parser.add_argument("--cpu_replicas", type=int, default=0)
     parser.add_argument("--ddl_local_size", type=int, default=0)
+    parser.add_argument("--grad_accum_steps", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cfg = TrainConfig(model="tiny_cnn", strategy=args.strategy, batch_size=args.batch,
                       image_size=SHAPE[0], input_channels=SHAPE[2], num_classes=CLASSES,
                       cpu_replicas=args.cpu_replicas, ddl_local_size=args.ddl_local_size,
-                      model_dir=args.out)
+                      grad_accum_steps=args.grad_accum_steps, model_dir=args.out)
     configure_runtime(cfg)
     with running(create(cfg)) as strategy:
-        x, y = global_batches(args.steps, args.batch * strategy.num_replicas)
-        per_process = args.batch * strategy.replicas_in_process
+        micro = args.grad_accum_steps
+        x, y = global_batches(args.steps, args.batch * strategy.num_replicas * micro)
+        per_process = args.batch * strategy.replicas_in_process * micro
         lo = strategy.rank * per_process
         data = tf.data.Dataset.from_tensor_slices(
             (x[:, lo:lo + per_process], y[:, lo:lo + per_process]))
         keras.utils.set_random_seed(100 + strategy.rank)
+        counts = Counts()
+        if hasattr(strategy, "comm"):  # the Horovod-based strategies
+            counts.count_allreduces(strategy.comm.hvd)
         with strategy.scope():
             model = tiny_cnn(SHAPE, CLASSES)
             optimizer = strategy.wrap_optimizer(keras.optimizers.SGD(0.5))
             model.compile(optimizer=optimizer,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            accumulate_gradients(model, micro)
             strategy.prepare_model(model)
+        counts.count_forward(model)
         model.fit(strategy.distribute_dataset(data), epochs=1, steps_per_epoch=args.steps,
                   callbacks=strategy.callbacks(), verbose=0, shuffle=False)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         np.savez(Path(args.out) / f"rank{strategy.rank}.npz",
                  *[np.asarray(w) for w in model.get_weights()])
+        (Path(args.out) / f"rank{strategy.rank}.json").write_text(json.dumps(counts.to_dict()))
 
 
 if __name__ == "__main__":
