@@ -161,16 +161,17 @@ def plot(runs: list[dict[str, Any]], target: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    for name in dict.fromkeys(r["name"] for r in runs):
+    colors = plt.get_cmap("tab20").colors  # one colour per run, also past ten runs
+    for number, name in enumerate(dict.fromkeys(r["name"] for r in runs)):
         mine = [r["history"] for r in runs if r["name"] == name]
         epochs = min(len(h) for h in mine)
         curve = {key: [mean([h[i][key] for h in mine]) for i in range(epochs)]
                  for key in ("seconds", "epoch", "val_accuracy")}
-        style = "--" if name == "keras" else "-"
+        style = "--" if name == "keras" else ":" if "LARS" in name else "-"
         batch = next(r["global_batch"] for r in runs if r["name"] == name)
         for ax, key in zip(axes, ("seconds", "epoch"), strict=True):
             ax.plot(curve[key], curve["val_accuracy"], style, marker=".", markersize=3,
-                    label=f"{name} (batch {batch})")
+                    color=colors[number % len(colors)], label=f"{name} (batch {batch})")
     for ax, label in zip(axes, ("wall-clock seconds of training", "epoch"), strict=True):
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel(label)
