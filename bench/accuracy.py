@@ -161,7 +161,7 @@ def plot(runs: list[dict[str, Any]], target: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    colors = plt.get_cmap("tab20").colors  # one colour per run, also past ten runs
+    colors = [plt.get_cmap("tab20")(i) for i in range(20)]  # one colour per run, past ten too
     for number, name in enumerate(dict.fromkeys(r["name"] for r in runs)):
         mine = [r["history"] for r in runs if r["name"] == name]
         epochs = min(len(h) for h in mine)
