@@ -23,7 +23,8 @@ HELP: dict[str, str] = {
     "horovodrun/mpirun/srun it must match the job's size.",
     "batch_size": "Batch size per replica (per micro-batch with --grad_accum_steps); the global "
     "batch is batch_size x replicas x grad_accum_steps.",
-    "steps": "Total optimizer steps (0 = epochs x one pass over a finite dataset).",
+    "steps": "Total optimizer steps (0 = epochs x one pass over a finite dataset). Not given: "
+    "0 with --data_dir (--epochs passes over the files), else 100.",
     "epochs": "Number of epochs the steps are divided into (logs, metrics, checkpoints).",
     "image_size": "Height and width of input images.",
     "input_channels": "Channels of the input (3 for RGB, 16 for climate data).",
@@ -162,6 +163,10 @@ def config_from_flags(values: flags.FlagValues) -> TrainConfig:
         ValueError: for any invalid value (see :func:`tfscale.config.validate`).
     """
     kwargs: dict[str, Any] = {f.name: values[f.name].value for f in FIELDS}
+    if kwargs["data_dir"] and not values["steps"].present:
+        # Files are finite: a run on them without --steps is --epochs passes over them, not
+        # --steps' default of 100 steps cut into epochs of a fraction of the data.
+        kwargs["steps"] = 0
     return TrainConfig(**kwargs)
 
 
