@@ -59,6 +59,24 @@ def test_flags_round_trip_to_config() -> None:
     assert config_from_flags(values) == cfg
 
 
+@pytest.mark.parametrize(("argv", "steps"), [
+    ([], 100),                                          # synthetic data: 100 steps
+    (["--dataset=imagenet", "--data_dir=/d"], 0),      # files: --epochs passes over them
+    (["--dataset=imagenet", "--data_dir=/d", "--epochs=10"], 0),
+    (["--dataset=imagenet", "--data_dir=/d", "--steps=40"], 40),  # given: as given
+    (["--dataset=imagenet", "--data_dir=/d", "--steps=100"], 100),
+])
+def test_steps_default_to_whole_epochs_over_files(argv: list[str], steps: int) -> None:
+    from absl import flags
+
+    from tfscale.flags import config_from_flags, define_flags
+
+    values = flags.FlagValues()
+    define_flags(values)
+    values(["prog", *argv])
+    assert config_from_flags(values).steps == steps
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
