@@ -76,7 +76,6 @@ def test_strategy_from_an_installed_package_entry_point(
         '    """Acme\'s in-house strategy."""\n')},
         "[tfscale.strategies]\nacme = acme_strategy:AcmeStrategy\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
     try:
         registry.load_plugins()
         assert STRATEGIES.entry("acme").description == "Acme's in-house strategy."

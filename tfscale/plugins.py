@@ -8,13 +8,12 @@ import input_pipelines
 import models
 from tfscale.class_weights import parse_class_weights
 from tfscale.config import TrainConfig
-from tfscale.strategies import STRATEGIES, load_plugins, strategies_that, unread_flags
+from tfscale.strategies import STRATEGIES, strategies_that, unread_flags
 from tfscale.targets import check_evaluation
 
 
 def describe_all() -> str:
     """The registered models, datasets and strategies with their descriptions."""
-    load_plugins()
     return "\n".join(
         f"{title}:\n{registry.describe()}"
         for title, registry in (("models", models.MODELS),
@@ -32,7 +31,6 @@ def validate_names(config: TrainConfig) -> None:
     """
     models.MODELS.entry(config.model)
     input_pipelines.PIPELINES.entry(config.dataset)
-    load_plugins()
     strategy = STRATEGIES.get(config.strategy)
     model_task, data_task = models.task_of(config.model), input_pipelines.task_of(config.dataset)
     if model_task != data_task:

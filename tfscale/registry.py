@@ -62,14 +62,19 @@ class Registry(Generic[T]):
     """A mapping from names to plugins of one kind (e.g. ``"model"``)."""
 
     def __init__(self, kind: str, load: Callable[[], object] | None = None,
-                 entry_point_group: str = "") -> None:
+                 entry_point_group: str = "",
+                 adopt: Callable[[str, Any, str], object] | None = None) -> None:
         """``load``, if given, imports the built-in plugins on the first lookup (so that importing
         the package does not import every plugin module, e.g. before ``python -m`` runs one).
         ``entry_point_group``, if given, names the entry-point group through which installed
         packages add plugins: on the first lookup each such entry point's module is imported,
-        and registers its plugins as it is imported (see :meth:`load_entry_points`)."""
+        and registers its plugins as it is imported (see :meth:`load_entry_points`). ``adopt``,
+        if given, registers what an entry point names when importing it registered nothing
+        under the entry point's name: ``adopt(name, loaded object, entry point value)`` (the
+        strategies' entry points name the class itself)."""
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self._adopt = adopt
         self._entries: dict[str, Entry[T]] = {}
         self._load = load
         if entry_point_group:
@@ -85,7 +90,8 @@ class Registry(Generic[T]):
 
     def load_entry_points(self) -> None:
         """Imports the module of every entry point in :attr:`entry_point_group` whose name is not
-        registered yet; the module registers the plugin (``@register(...)``) as it is imported.
+        registered yet; the module registers the plugin (``@register(...)``) as it is imported,
+        or the registry's ``adopt`` registers the object the entry point names.
         A plugin that fails to import, or registers nothing under its entry point's name, is
         reported in a warning and left out: a broken package must not break the others.
         Installed plugins' modules are imported on the first lookup, and with them whatever
@@ -94,7 +100,9 @@ class Registry(Generic[T]):
             if point.name in self._entries:
                 continue
             try:
-                point.load()
+                loaded = point.load()
+                if point.name not in self._entries and self._adopt is not None:
+                    self._adopt(point.name, loaded, point.value)
             except Exception as err:
                 warnings.warn(f"{self.kind} plugin {point.name!r} ({point.value}) failed to "
                               f"load: {err}", stacklevel=2)

@@ -14,8 +14,6 @@ written into job scripts from what its class says (see :class:`Strategy`), like 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
@@ -25,10 +23,7 @@ from tfscale.strategies.base import Strategy
 if TYPE_CHECKING:
     from tfscale.config import TrainConfig
 
-# The first lookup loads the installed plugins too, so every caller sees them.
-STRATEGIES: Registry[type[Strategy]] = Registry("strategy", lambda: load_plugins())
 ENTRY_POINT_GROUP = "tfscale.strategies"
-_plugins_loaded = False
 
 
 def register(name: str, cls: type[Strategy], description: str) -> type[Strategy]:
@@ -43,21 +38,21 @@ def register(name: str, cls: type[Strategy], description: str) -> type[Strategy]
 
 
 def load_plugins() -> None:
-    """Registers the strategies that installed packages declare as entry points (once)."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in STRATEGIES:
-            continue
-        try:
-            cls = ep.load()
-            doc = (cls.__doc__ or "").strip().splitlines()
-            register(ep.name, cls, doc[0] if doc else f"plugin from {ep.value}")
-        except Exception as err:  # a broken plugin must not break the built-in strategies
-            warnings.warn(f"strategy plugin {ep.name!r} ({ep.value}) failed to load: {err}",
-                          stacklevel=2)
+    """Registers the strategies that installed packages declare as entry points and that are
+    not registered yet (the registry does this on its first lookup; call it again after
+    installing a package into a running process)."""
+    STRATEGIES.load_entry_points()
+
+
+def _adopt(name: str, cls: type[Strategy], source: str) -> None:
+    """Registers an entry point's class, described by its docstring's first line."""
+    doc = (cls.__doc__ or "").strip().splitlines()
+    register(name, cls, doc[0] if doc else f"plugin from {source}")
+
+
+# The first lookup loads the installed plugins too, so every caller sees them.
+STRATEGIES: Registry[type[Strategy]] = Registry("strategy", entry_point_group=ENTRY_POINT_GROUP,
+                                                adopt=_adopt)
 
 
 def strategies_that(test: Callable[[type[Strategy]], bool]) -> list[str]:
@@ -110,5 +105,4 @@ def create(config: TrainConfig) -> Strategy:
     Raises:
         UnknownNameError: listing the available strategies.
     """
-    load_plugins()
     return STRATEGIES.get(config.strategy)(config)
