@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -26,7 +25,7 @@ from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from tfscale import plugins  # noqa: E402
+from tfscale import cluster_env, plugins  # noqa: E402
 from tfscale.errors import (  # noqa: E402
     EXIT_PEER_LOST,
     EXIT_USAGE,
@@ -36,11 +35,6 @@ from tfscale.errors import (  # noqa: E402
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
 
 FLAGS = absl_flags.FLAGS
-def inside_launcher(environ: Mapping[str, str] = os.environ) -> bool:
-    """True when this process is one rank of a job that something else launched."""
-    from tfscale import cluster_env
-
-    return cluster_env.launched(environ)
 
 
 def main(argv: list[str]) -> int:
@@ -60,7 +54,7 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    if config.num_processes > 1 and not inside_launcher():
+    if config.num_processes > 1 and not cluster_env.launched():
         from launch.local import launch_workers
 
         return launch_workers(config)
