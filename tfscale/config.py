@@ -69,6 +69,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     lr_scaling: str = "none"
     grad_accum_steps: int = 1
+    gradient_lag: int = 0
     warmup_steps: int = 0
     lr_schedule: str = "constant"
     lr_decay_steps: str = ""
@@ -86,6 +87,10 @@ class TrainConfig:
     cpu_binding: bool = False
     tf32: bool = True
     cudnn_autotune: bool = True
+    # Memory and batch-norm statistics.
+    sync_bn: bool = False
+    sync_bn_group: int = 0
+    recompute: bool = False
     # Distribution.
     cpu_replicas: int = 0
     collective: str = "auto"
@@ -209,7 +214,7 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every", "cpu_replicas",
                  "ddl_local_size", "intra_op_threads", "inter_op_threads", "prefetch",
                  "shuffle_buffer", "weight_decay", "momentum", "collective_timeout_s",
-                 "label_smoothing", "lars_eta", "eval_every"):
+                 "label_smoothing", "lars_eta", "eval_every", "sync_bn_group"):
         _at_least(cfg, name, 0)
     if not cfg.learning_rate > 0:
         raise ValueError(f"--learning_rate={cfg.learning_rate} is not valid; expected > 0")
@@ -229,6 +234,15 @@ def validate(cfg: TrainConfig) -> None:
                          "a fraction of the shorter side in (0, 1], or 0 for the dataset's default")
     if cfg.label_smoothing >= 1:
         raise ValueError(f"--label_smoothing={cfg.label_smoothing} must be in [0, 1)")
+    if cfg.gradient_lag not in (0, 1):
+        raise ValueError(f"--gradient_lag={cfg.gradient_lag} is not valid; expected 0 (off) or 1 "
+                         "(apply each step's averaged gradients one step later)")
+    if cfg.gradient_lag and cfg.precision == "mixed_float16":
+        raise ValueError("--gradient_lag does not combine with --precision=mixed_float16: a "
+                         "lagged gradient would be unscaled with the next step's loss scale; "
+                         "use fp32 or mixed_bfloat16")
+    if cfg.sync_bn_group and not cfg.sync_bn:
+        raise ValueError(f"--sync_bn_group={cfg.sync_bn_group} needs --sync_bn")
     if cfg.lr_schedule == "step" and not cfg.decay_boundaries:
         raise ValueError("--lr_schedule=step needs --lr_decay_steps, e.g. --lr_decay_steps=30,60")
     check_config(cfg)  # the strategy's own flags and checks, which its class owns

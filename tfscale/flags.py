@@ -71,6 +71,9 @@ HELP: dict[str, str] = {
     "micro-batches of batch_size per replica, run one after the other, and exchanges them once "
     "(all strategies). --steps, warmup, schedules and checkpoints count optimizer steps; images/s "
     "counts examples. See docs/LARGE_BATCH.md.",
+    "gradient_lag": "1: gradient lag (Kurth et al., SC18): step t applies the averaged gradients "
+    "of step t-1, so their all-reduce overlaps step t's forward and backward pass; the first "
+    "step applies nothing. 0: off. Horovod strategies only. See docs/LARGE_BATCH.md.",
     "warmup_steps": "Linear learning-rate warmup steps from 0 to the scaled rate.",
     "lr_schedule": "Decay after warmup.",
     "lr_decay_steps": "Comma-separated step boundaries for --lr_schedule=step.",
@@ -92,6 +95,14 @@ HELP: dict[str, str] = {
     "cpu_binding": "Bind each local worker to its own share of the cores.",
     "tf32": "GPUs: allow TensorFloat-32 in float32 matmuls and convolutions (Ampere and newer).",
     "cudnn_autotune": "GPUs: let cuDNN time its convolution algorithms and keep the fastest.",
+    "sync_bn": "Synchronized batch normalization: in training, batch-norm statistics are computed "
+    "over the batches of all replicas (or of groups of --sync_bn_group replicas), not each "
+    "replica's own. All strategies; inference and the saved model use ordinary batch norm.",
+    "sync_bn_group": "With --sync_bn: replicas per statistics group (consecutive ranks; must "
+    "divide the number of replicas). 0 = all replicas.",
+    "recompute": "Activation recomputation: keep only each block's inputs (ResNet bottlenecks, "
+    "DeepLabV3+ blocks, Tiramisu dense blocks) in the forward pass and recompute the rest in the "
+    "backward pass: less memory for more compute. See docs/LARGE_BATCH.md.",
     "cpu_replicas": "mirrored on CPU: split the CPU into N logical devices (replicas).",
     "collective": "multiworker collective implementation.",
     "collective_timeout_s": "Collective timeout in seconds; a dead peer raises instead of hanging "

@@ -23,7 +23,7 @@ Reduce = Callable[[list[Any]], list[Any]]
 
 def with_gradient_reduction(
     optimizer: keras.optimizers.Optimizer, reduce: Reduce, backward_passes_per_step: int = 1,
-    average_aggregated_gradients: bool = False,
+    average_aggregated_gradients: bool = False, gradient_lag: int = 0,
 ) -> keras.optimizers.Optimizer:
     """Makes ``optimizer`` pass its gradients through ``reduce`` before applying them.
 
@@ -38,14 +38,31 @@ def with_gradient_reduction(
     the passes in between only count ``iterations``. The local sums live in ``tf.Variable``s
     outside the optimizer's Keras variables, so saved optimizer state matches the plain one.
 
+    With ``gradient_lag=1`` (Kurth et al., SC18) step t reduces and applies the gradients of
+    step t-1 and keeps its own for step t+1 (:func:`_lagged_apply`). The reduction then depends
+    only on a variable written by the previous step, not on this step's backward pass, so
+    the graph runs it alongside this step's forward and backward pass. The first step applies
+    zero gradients (it only primes the lag); the last step's gradients are never applied.
+
     Raises:
-        ValueError: if ``optimizer`` already reduces, or ``backward_passes_per_step`` < 1.
+        ValueError: if ``optimizer`` already reduces, ``backward_passes_per_step`` < 1,
+            ``gradient_lag`` is not 0 or 1, or a lag is combined with
+            ``backward_passes_per_step`` > 1 or with a LossScaleOptimizer.
     """
     base = type(optimizer)
     if getattr(base, "_tfscale_reducing", False):
         raise ValueError(f"optimizer {optimizer.name!r} already reduces its gradients")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step}; must be >= 1")
+    if gradient_lag not in (0, 1):
+        raise ValueError(f"gradient_lag={gradient_lag}; must be 0 or 1")
+    if gradient_lag and backward_passes_per_step > 1:
+        raise ValueError("gradient_lag does not combine with backward_passes_per_step > 1; "
+                         "accumulate in the training step instead "
+                         "(tfscale.optimizers.accumulate_gradients)")
+    if gradient_lag and hasattr(optimizer, "inner_optimizer"):
+        raise ValueError("gradient_lag does not combine with a LossScaleOptimizer: a lagged "
+                         "gradient would be unscaled with the next step's loss scale")
 
     def reduce_present(grads: list[Any]) -> list[Any]:
         present = [g for g in grads if g is not None]
@@ -54,6 +71,8 @@ def with_gradient_reduction(
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
+        if gradient_lag:
+            return _lagged_apply(self, base, grads, trainable_variables, reduce_present)
         if backward_passes_per_step == 1:
             return base.apply(self, reduce_present(grads), trainable_variables)
         return _accumulate_then_apply(self, base, grads, trainable_variables, reduce_present,
@@ -64,6 +83,33 @@ def with_gradient_reduction(
                                         "__qualname__": base.__qualname__})
     optimizer.__class__ = cls
     return optimizer
+
+
+def _lagged_apply(optimizer: Any, base: Any, grads: list[Any], trainable_variables: Any,
+                  reduce_present: Reduce) -> Any:
+    """Reduces and applies the previous step's local gradients; keeps ``grads`` for the next.
+
+    The previous gradients are read from variables at the start of the step (nothing else in
+    the step writes them before), so their reduction has no input from this step's forward or
+    backward pass and overlaps them. Horovod's ops are not stateful, so TensorFlow's automatic
+    control dependencies do not serialise them behind the step's other ops either.
+    """
+    import tensorflow as tf
+
+    variables = (list(trainable_variables) if trainable_variables is not None
+                 else list(optimizer._trainable_variables))
+    if not hasattr(optimizer, "_tfscale_lagged"):
+        with tf.init_scope():  # once, outside the traced step (as for the accumulators)
+            optimizer._tfscale_lagged = {
+                id(v): tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                   name="lagged_gradient") for v in variables}
+    slots = [None if g is None else optimizer._tfscale_lagged[id(v)]
+             for g, v in zip(grads, variables, strict=True)]
+    previous = reduce_present([None if s is None else s.read_value() for s in slots])
+    for slot, g in zip(slots, grads, strict=True):
+        if slot is not None:
+            slot.assign(tf.convert_to_tensor(g))  # dense: IndexedSlices cannot be kept
+    return base.apply(optimizer, previous, variables)
 
 
 def _make_accumulators(optimizer: Any, variables: Any) -> None:
@@ -116,7 +162,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
     optimizer: keras.optimizers.Optimizer, name: str | None = None, compression: Any = None,
     sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: Any = None,
     backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
-    process_set: Any = None,
+    process_set: Any = None, gradient_lag: int = 0,
 ) -> keras.optimizers.Optimizer:
     """Averages (or sums) gradients across Horovod workers with one fused grouped all-reduce
     per step, like ``horovod.tensorflow.keras.DistributedOptimizer``.
@@ -138,10 +184,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
         average_aggregated_gradients: divide the locally summed gradients by
             ``backward_passes_per_step``.
         process_set: Horovod process set whose workers take part (default: all).
+        gradient_lag: 1 applies each step's averaged gradients one step later, so that their
+            all-reduce overlaps the next step's forward and backward pass (Kurth et al.,
+            SC18; not in Horovod); 0 (default) applies them in their own step.
 
     Raises:
-        ValueError: for an ``op`` other than Average/Sum, a predivide factor with ``Sum``, or
-            ``backward_passes_per_step`` < 1.
+        ValueError: for an ``op`` other than Average/Sum, a predivide factor with ``Sum``,
+            ``backward_passes_per_step`` < 1, or a ``gradient_lag`` that
+            :func:`with_gradient_reduction` refuses.
     """
     import tensorflow as tf
 
@@ -172,7 +222,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
         return list(hvd.grouped_allreduce(grads, **kwargs))
 
     return with_gradient_reduction(optimizer, reduce, backward_passes_per_step,
-                                   average_aggregated_gradients)
+                                   average_aggregated_gradients, gradient_lag)
 
 
 def _set_size(hvd: Any, process_set: Any) -> int:

@@ -45,7 +45,7 @@ DDL_STRATEGY = "ddl"
 class DDLStrategy(HorovodStrategy):
     """IBM DDL's model on Horovod: learners, DDL callbacks, hierarchical all-reduce."""
 
-    owned_flags = ("ddl_local_size",)
+    owned_flags = (*HorovodStrategy.owned_flags, "ddl_local_size")
 
     @classmethod
     def ranks_per_node(cls, config: TrainConfig) -> int:
@@ -62,7 +62,8 @@ class DDLStrategy(HorovodStrategy):
                                                    compression=self.config.fp16_allreduce)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-        return with_gradient_reduction(optimizer, self.reduce)
+        return with_gradient_reduction(optimizer, self.reduce,
+                                       gradient_lag=self.config.gradient_lag)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         from tfscale.callbacks import BroadcastInitialState, DDLMetricSync

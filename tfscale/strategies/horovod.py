@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -71,6 +71,9 @@ class HorovodStrategy(Strategy):
     jit_scope = "model"
     one_rank_per_gpu = True
     job_launchers = ALL_JOB_LAUNCHERS | {"ddlrun"}
+    # The lag lives in the optimizer's gradient exchange, which only these strategies own;
+    # tf.distribute's all-reduce runs inside Keras's step, where it cannot be deferred.
+    owned_flags: ClassVar[tuple[str, ...]] = ("gradient_lag",)
     tuning_flags = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms",
                     "horovod_timeline", "horovod_autotune")
 
@@ -151,7 +154,8 @@ class HorovodStrategy(Strategy):
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         compression = self.comm.hvd.Compression
         return DistributedOptimizer(optimizer, compression=compression.fp16
-                                    if self.config.fp16_allreduce else compression.none)
+                                    if self.config.fp16_allreduce else compression.none,
+                                    gradient_lag=self.config.gradient_lag)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         # Imported here: the callbacks load Keras, which reading the class (--help, job
