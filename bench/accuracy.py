@@ -13,6 +13,8 @@ Runs, each in a fresh ``model_dir``:
   (:mod:`bench.accuracy_keras`);
 - ``default``, ``mirrored`` (2 CPU replicas), ``horovod``, ``multiworker`` and ``ddl`` (2 local
   workers each): the same global batch (32) and hyper-parameters;
+- ``horovod x2 gradient lag``: ``horovod`` with ``--gradient_lag=1`` (each step applies the
+  previous step's gradients);
 - ``horovod x2 2x batch``: 2 workers at a global batch of 64 with ``--lr_scaling=linear`` and the
   warmup (Goyal et al.), to compare with ``default``;
 - ``horovod x2 LARS 4x batch``: a global batch of 128 with LARS.
@@ -41,9 +43,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, run_script, save, table, train
+from bench.common import ROOT, cpu_description, run_script, save, table, train
 from bench.digits import prepare
-from tfscale.precision import cpu_info
 
 PLOT = ROOT / "docs" / "accuracy" / "accuracy.png"
 BASE_LR = 0.05
@@ -58,6 +59,8 @@ RUNS: dict[str, tuple[list[str], int, list[str]]] = {
     "horovod x2": (["--strategy=horovod", *TWO], BATCH // 2, []),
     "multiworker x2": (["--strategy=multiworker", *TWO], BATCH // 2, []),
     "ddl x2": (["--strategy=ddl", "--ddl_local_size=1", *TWO], BATCH // 2, []),
+    "horovod x2 gradient lag": (["--strategy=horovod", *TWO, "--gradient_lag=1"], BATCH // 2,
+                                []),
     "horovod x2 2x batch": (["--strategy=horovod", *TWO], BATCH, ["--lr_scaling=linear"]),
     "horovod x2 LARS 4x batch": (["--strategy=horovod", *TWO], 2 * BATCH,
                                  ["--optimizer=lars", "--lars_eta=0.01",
@@ -72,13 +75,6 @@ def lars_run(learning_rate: float) -> str:
     RUNS[name] = (strategy, batch, [*extra[:-1], f"--learning_rate={learning_rate:g}"])
     return name
 SAME_BATCH = ("keras", "default", "mirrored x2", "horovod x2", "multiworker x2", "ddl x2")
-
-
-def cpu_description() -> str:
-    """The CPU model and its vector/bf16 instruction-set flags (figures depend on them)."""
-    model, flags = cpu_info()
-    wide = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
-    return f"{model} ({wide})" if wide else model
 
 
 def tfscale_run(name: str, data_dir: Path, epochs: int, seed: int) -> dict[str, Any]:

@@ -78,6 +78,15 @@ def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
     return 2 * src.nbytes / best / 1e9
 
 
+def cpu_description() -> str:
+    """The CPU model and its vector/bf16 instruction-set flags (figures depend on them)."""
+    from tfscale.precision import cpu_info
+
+    model, flags = cpu_info()
+    wide = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
+    return f"{model} ({wide})" if wide else model
+
+
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """A Markdown table of ``rows``."""
     def cell(v: Any) -> str:

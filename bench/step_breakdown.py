@@ -1,0 +1,130 @@
+"""Where a training step's milliseconds go, for each multi-process strategy, 1 and 2 workers.
+
+For ``mlp`` (communication-bound: 7.4 MB of gradients for ~5 ms of compute on one core), each
+worker bound to its own core with one TensorFlow thread of each kind, one run of
+:mod:`bench.step_breakdown_worker` per strategy and worker count measures in the workers
+themselves (rank 0's figures):
+
+- ``compute``: forward, backward and update with no exchange;
+- ``step``: the strategy's step, gradient exchange included; ``exchange`` = step - compute;
+- ``step_lag``: the step with ``--gradient_lag=1`` (Horovod strategies);
+- ``allreduce``: a bare all-reduce of the gradients' bytes, the exchange's floor here;
+- ``host_allreduce``: one collective on two host numbers (what the guard runs every step);
+- ``read_step``: reading the step counter back to Python.
+
+Then ``python -m tfscale.train`` runs the same model, batch and binding for ``--steps`` steps;
+``framework`` = its step time - ``step``: callbacks, host synchronisation, the guard's
+collective, metrics and data. The memory-copy bandwidth of this machine is measured in the
+same run. Everything alternates over ``--rounds``; figures are means.
+
+    python -m bench.step_breakdown [--rounds 2 --steps 200 --strategies horovod,ddl,multiworker]
+
+About 6 minutes on 2 cores with 2 rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+from bench.common import cpu_description, memcpy_gbps, save, table, train
+from launch.local import horovod_envs, node_layout, supervise, tf_config_envs
+
+PARTS = ("compute", "step", "step_lag", "allreduce", "host_allreduce", "read_step")
+MLP = ["--model=mlp", "--image_size=32", "--batch_size=64", "--intra_op_threads=1",
+       "--inter_op_threads=1"]
+
+
+def worker_parts(strategy: str, workers: int, steps: int) -> dict[str, Any]:
+    """Runs the breakdown worker as ``workers`` local processes; returns rank 0's figures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "bench.step_breakdown_worker", f"--strategy={strategy}",
+                   f"--steps={steps}", f"--model_dir={tmp}"]
+        log = io.StringIO()
+        if strategy == "multiworker":
+            code = supervise(command, tf_config_envs(workers), out=log)
+        else:  # ddl: one worker per simulated node, so its hierarchy has two levels
+            per_node = workers if strategy == "horovod" else 1
+            envs, server = horovod_envs(node_layout(workers, per_node))
+            code = supervise(command, envs, out=log, on_exit=server.stop)
+    lines = [line.split("BREAKDOWN ", 1)[1] for line in log.getvalue().splitlines()
+             if "BREAKDOWN " in line]
+    if code or not lines:
+        raise RuntimeError(f"{strategy} x{workers} failed ({code}):\n{log.getvalue()[-3000:]}")
+    parts: dict[str, Any] = json.loads(lines[0])
+    return parts
+
+
+def trained_step_ms(strategy: str, workers: int, steps: int) -> float:
+    """The step time ``python -m tfscale.train`` reports for the same work."""
+    flags = [*MLP, f"--strategy={strategy}", f"--steps={steps}", f"--log_every={steps}"]
+    if strategy == "ddl":
+        flags.append("--ddl_local_size=1")
+    if workers > 1:
+        flags += [f"--num_processes={workers}", "--cpu_binding"]
+    results = train(flags, cores=[0] if workers == 1 else None)
+    return float(results["step_time_ms"])
+
+
+def measure(rounds: int, steps: int, strategies: list[str]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    copies = []
+    for round_ in range(1, rounds + 1):
+        copies.append(memcpy_gbps())
+        for strategy in strategies:
+            for workers in (1, 2):
+                parts = worker_parts(strategy, workers, steps)
+                parts["train"] = trained_step_ms(strategy, workers, steps)
+                rows.append({"round": round_, "strategy": strategy, **parts})
+    summary = []
+    for strategy in strategies:
+        for workers in (1, 2):
+            mine = [r for r in rows if r["strategy"] == strategy and r["workers"] == workers]
+            mean = {k: statistics.mean(r[k] for r in mine) for k in (*PARTS, "train")
+                    if all(k in r for r in mine)}
+            summary.append({
+                "run": f"{strategy} x{workers}", **mean,
+                "exchange": mean["step"] - mean["compute"],
+                "framework": mean["train"] - mean["step"],
+                "efficiency": mean["compute"] / mean["train"],
+                "floor_efficiency": mean["compute"] / (mean["compute"] + mean["allreduce"])
+                if workers > 1 else 1.0,
+            })
+    return {"cpu": cpu_description(), "memcpy_gbps": statistics.mean(copies),
+            "gradient_megabytes": rows[0]["gradient_megabytes"], "rows": rows,
+            "summary": summary,
+            "setup": {"model": "mlp", "batch_size_per_worker": 64, "image_size": 32,
+                      "steps": steps, "rounds": rounds, "threads_per_worker": 1}}
+
+
+def report(result: dict[str, Any]) -> str:
+    columns = ["run", "compute", "step", "exchange", "step_lag", "allreduce", "host_allreduce",
+               "read_step", "train", "framework", "efficiency", "floor_efficiency"]
+    return "\n".join([
+        f"CPU: {result['cpu']}; memory copy {result['memcpy_gbps']:.1f} GB/s; gradients "
+        f"{result['gradient_megabytes']:.1f} MB per step", "",
+        "milliseconds per step (mean over rounds); efficiency = compute / train step "
+        "(weak scaling against one process on one core); floor_efficiency = compute / "
+        "(compute + bare all-reduce)", "",
+        table(result["summary"], columns),
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--strategies", default="horovod,ddl,multiworker")
+    args = parser.parse_args()
+    result = measure(args.rounds, args.steps, args.strategies.split(","))
+    save("step_breakdown", result)
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
