@@ -189,7 +189,9 @@ class Trainer:
                    evaluator: Evaluator | None, start_time: float) -> dict[str, Any]:
         cfg = self.config
         meter = cbs.ThroughputMeter(self.global_batch)
-        named: dict[str, Any] = {"guard": cbs.TrainingGuard(self.strategy)}
+        # The workers agree to stop (or not) at least at every checkpoint and evaluation step.
+        named: dict[str, Any] = {"guard": cbs.TrainingGuard(
+            self.strategy, periods=(cfg.checkpoint_every, cfg.eval_every))}
         # Evaluation and the target check come after the guard (no evaluation of a stopped
         # step) and before the callbacks that read the epoch logs.
         if evaluator is not None:
