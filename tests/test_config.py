@@ -59,6 +59,26 @@ def test_flags_round_trip_to_config() -> None:
     assert config_from_flags(values) == cfg
 
 
+@pytest.mark.parametrize(("argv", "binding"), [
+    ([], False),                                          # one process: nothing to share
+    (["--num_processes=2"], True),                        # local workers share the cores
+    (["--num_processes=2", "--nocpu_binding"], False),    # the user's choice wins
+    (["--num_processes=1", "--cpu_binding"], True),
+    (["--num_processes=3"], False),                       # more workers than the 2 cores
+])
+def test_local_workers_are_bound_unless_told_otherwise(
+        argv: list[str], binding: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from absl import flags
+
+    from tfscale.flags import config_from_flags, define_flags
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    values = flags.FlagValues()
+    define_flags(values)
+    values(["prog", "--strategy=horovod", *argv])
+    assert config_from_flags(values).cpu_binding is binding
+
+
 @pytest.mark.parametrize(("argv", "steps"), [
     ([], 100),                                          # synthetic data: 100 steps
     (["--dataset=imagenet", "--data_dir=/d"], 0),      # files: --epochs passes over them

@@ -8,6 +8,7 @@ point reads ``FLAGS``; it calls :func:`config_from_flags`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, cast
 
 from absl import flags
@@ -92,7 +93,10 @@ HELP: dict[str, str] = {
     "xla": "off; jit = compile the training step; auto = TF auto-clustering.",
     "intra_op_threads": "TF intra-op threads (0 = TF's choice).",
     "inter_op_threads": "TF inter-op threads (0 = TF's choice).",
-    "cpu_binding": "Bind each local worker to its own share of the cores.",
+    "cpu_binding": "Bind each local worker to its own share of the cores (and size its thread "
+    "pools to them). Not given: on when --num_processes > 1 starts several workers here (they "
+    "would otherwise each run a thread per core of the machine) and there are at least as many "
+    "cores as workers, else off.",
     "tf32": "GPUs: allow TensorFloat-32 in float32 matmuls and convolutions (Ampere and newer).",
     "cudnn_autotune": "GPUs: let cuDNN time its convolution algorithms and keep the fastest.",
     "sync_bn": "Synchronized batch normalization: in training, batch-norm statistics are computed "
@@ -178,6 +182,12 @@ def config_from_flags(values: flags.FlagValues) -> TrainConfig:
         # Files are finite: a run on them without --steps is --epochs passes over them, not
         # --steps' default of 100 steps cut into epochs of a fraction of the data.
         kwargs["steps"] = 0
+    workers = kwargs["num_processes"]
+    if (1 < workers <= len(os.sched_getaffinity(0))
+            and not values["cpu_binding"].present):
+        # Local workers share this machine's cores: unbound, each sizes its thread pools for
+        # all of them and they oversubscribe the cores (measured in bench/RESULTS.md).
+        kwargs["cpu_binding"] = True
     return TrainConfig(**kwargs)
 
 
