@@ -38,6 +38,7 @@ from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
 from tfscale.optimizers import accumulate_gradients, build_optimizer
 from tfscale.strategies import Strategy, create, running
+from tfscale.sync_bn import synchronize_under_strategy
 
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16",
             "mixed_bfloat16": "mixed_bfloat16"}
@@ -182,6 +183,8 @@ class Trainer:
                           jit_compile=cfg.xla == "jit" and self.strategy.jit_scope == "step")
             optimizer.build(model.trainable_variables)
             accumulate_gradients(model, cfg.grad_accum_steps)
+            if cfg.sync_bn:
+                synchronize_under_strategy(model, self.strategy, cfg)
         self.strategy.prepare_model(model)
         return model
 

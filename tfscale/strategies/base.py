@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -213,6 +213,48 @@ class Strategy(abc.ABC):
         return (f"{self.config.strategy}: {self.size} process(es) x "
                 f"{self.replicas_in_process} replica(s)")
 
+    def replica_sum(self, tensor: tf.Tensor, group_size: int = 0) -> tf.Tensor:
+        """Inside the traced training step: ``tensor`` summed over the replicas of this
+        replica's group (``group_size`` consecutive replicas; 0 = all of them).
+
+        Differentiable: the gradient of the sum is the sum of the group's upstream gradients,
+        which is what the loss averaged over all replicas needs. Synchronized batch norm
+        (:mod:`tfscale.sync_bn`) sums its statistics with it. With one replica it is the tensor
+        itself; strategies of several replicas override it, usually with
+        :meth:`_sum_in_groups` over their own sum of all replicas.
+
+        Raises:
+            ValueError: when ``group_size`` does not divide the number of replicas.
+            NotImplementedError: for a strategy of several replicas that does not override it.
+        """
+        replica_groups(group_size, self.num_replicas)
+        if self.num_replicas > 1:
+            raise NotImplementedError(
+                f"--strategy={self.config.strategy} runs {self.num_replicas} replicas but has no "
+                "in-graph sum over them (Strategy.replica_sum), which --sync_bn needs")
+        return tensor
+
+    def _sum_in_groups(self, all_sum: Callable[[tf.Tensor], tf.Tensor], tensor: tf.Tensor,
+                       replica: int | tf.Tensor, group_size: int) -> tf.Tensor:
+        """``tensor`` summed over the group of replica ``replica`` with one ``all_sum`` (a
+        differentiable in-graph sum over all replicas).
+
+        Each replica puts its tensor in its group's row of an otherwise zero matrix of one row
+        per group; the sum over all replicas holds every group's sum, and each replica keeps
+        its group's row. Its gradient is right as it stands: the sum's gradient sums the
+        upstream gradients, which are zero outside each replica's own row. It moves one row
+        per group, fewer than an all-gather's one row per replica, and needs no process sets.
+        """
+        import tensorflow as tf
+
+        groups = replica_groups(group_size, self.num_replicas)
+        if groups == 1:
+            return all_sum(tensor)
+        group = replica // (group_size or self.num_replicas)
+        one_hot = tf.one_hot(group, groups, dtype=tensor.dtype)
+        rows = tf.reshape(one_hot, [groups] + [1] * tensor.shape.rank) * tensor[tf.newaxis]
+        return all_sum(rows)[group]  # a slice, whose gradient is a dense tensor
+
 
 class SingleProcessStrategy(Strategy):
     """A strategy whose replicas all live in this one process: collectives are identities."""
@@ -233,6 +275,19 @@ class SingleProcessStrategy(Strategy):
 
     def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:
         return None
+
+
+def replica_groups(group_size: int, num_replicas: int) -> int:
+    """Number of groups of ``group_size`` consecutive replicas among ``num_replicas`` (0 = one
+    group of all).
+
+    Raises:
+        ValueError: naming ``--sync_bn_group`` when ``group_size`` does not divide the replicas.
+    """
+    if group_size < 0 or (group_size and num_replicas % group_size):
+        raise ValueError(f"--sync_bn_group={group_size} must divide the number of replicas, "
+                         f"{num_replicas} (or be 0 for all of them)")
+    return num_replicas // group_size if group_size else 1
 
 
 def jit_compile_forward(model: keras.Model) -> None:

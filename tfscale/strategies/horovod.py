@@ -27,6 +27,7 @@ from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
 
 if TYPE_CHECKING:
     import keras
+    import tensorflow as tf
 
     from tfscale.config import TrainConfig
 
@@ -172,3 +173,14 @@ class HorovodStrategy(Strategy):
 
     def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:
         self.comm.broadcast_variables(variables, root)
+
+    def replica_sum(self, tensor: tf.Tensor, group_size: int = 0) -> tf.Tensor:
+        hvd = self.comm.hvd
+
+        def all_sum(value: tf.Tensor) -> tf.Tensor:
+            # Named after the tensor, as Horovod does by default: every rank traces the same
+            # graph, so names match across ranks and differ between layers and micro-batches.
+            # Horovod registers the gradient: the all-reduce (sum) of the upstream gradients.
+            return hvd.allreduce(value, op=hvd.Sum)
+
+        return self._sum_in_groups(all_sum, tensor, self.rank, group_size)

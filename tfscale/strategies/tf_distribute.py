@@ -78,3 +78,25 @@ class TFDistributeStrategy(Strategy):
             rows = self._gather(value.astype(np.float64).reshape(-1))
             variable.assign(rows[root * self.replicas_in_process].reshape(value.shape)
                             .astype(value.dtype))
+
+    def replica_sum(self, tensor: tf.Tensor, group_size: int = 0) -> tf.Tensor:
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is None:
+            # Cross-replica context (the model called directly under the scope): the tensor
+            # holds everything this call sees, so there is nothing to add to it.
+            return tensor
+
+        @tf.custom_gradient
+        def all_sum(value: tf.Tensor) -> Any:
+            # The gradient of the sum is the sum of the upstream gradients (all_sum again).
+            # tf.distribute's own gradient of all_reduce would do, but it is a custom gradient
+            # that walks the graph back from the sum, and under MirroredStrategy that walk
+            # crosses into every other replica's graph: tracing a step grows with the square
+            # of the number of sums (100 s instead of 20 for DeepLabV3+ tiny on 2 replicas).
+            # Summing a stop_gradient copy ends the walk at the inputs.
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stop_gradient(value)), all_sum
+
+        return self._sum_in_groups(all_sum, tensor, context.replica_id_in_sync_group,
+                                   group_size)
