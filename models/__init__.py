@@ -4,6 +4,6 @@ Importing the package imports no model module (nor Keras): a builder's module is
 the builder is fetched from :data:`MODELS`.
 """
 
-from models.registry import MODELS, declare, register, task_of
+from models.registry import BLOCKS, MODELS, block_rule, declare, register, task_of
 
-__all__ = ["MODELS", "declare", "register", "task_of"]
+__all__ = ["BLOCKS", "MODELS", "block_rule", "declare", "register", "task_of"]

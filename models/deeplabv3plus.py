@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 from keras import layers
 
+from models.resnet50 import block_of as trunk_block_of
 from models.resnet50 import resnet50_features
 from tfscale.config import TrainConfig
 
@@ -118,6 +119,16 @@ def deeplabv3plus(
     logits = layers.Conv2D(num_classes, 1, dtype="float32", name="logits")(x)
     outputs = ResizeLike(dtype="float32", name="logits_upsample")([logits, inputs])
     return keras.Model(inputs, outputs, name=f"deeplabv3plus_os{output_stride}")
+
+
+def block_of(layer_name: str) -> str | None:
+    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.recompute`): the trunk's
+    (:func:`models.resnet50.block_of`), the ASPP (``aspp``) and the decoder up to its last
+    3x3 convolution (``decoder``)."""
+    for prefix in ("aspp", "decoder"):
+        if layer_name.startswith(f"{prefix}_"):
+            return prefix
+    return trunk_block_of(layer_name)
 
 
 def _shape(cfg: TrainConfig) -> tuple[int, int, int]:

@@ -21,23 +21,39 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tfscale.registry import TaskRegistry
+from tfscale.registry import Registry, TaskRegistry
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
 if TYPE_CHECKING:
     import keras
 
     from tfscale.config import TrainConfig
+    from tfscale.recompute import BlockRule
 
 ModelBuilder = Callable[["TrainConfig"], "keras.Model"]
 
 MODELS: TaskRegistry[ModelBuilder] = TaskRegistry("model", entry_point_group="tfscale.models")
+# The blocks --recompute recomputes as one, by model name (tfscale.recompute). Your own model
+# adds its rule with ``@models.BLOCKS.register("my_net", "what its blocks are")``.
+BLOCKS: Registry[BlockRule] = Registry("block rule")
 
 
 # Registering checks the task (classification|segmentation); task_of reads it without importing.
 register = MODELS.register_for
 declare = MODELS.declare_for
 task_of = MODELS.task_of
+
+
+def block_rule(model: str) -> BlockRule:
+    """The block rule of ``model`` for ``--recompute``.
+
+    Raises:
+        ValueError: naming the model and listing the models that have a rule.
+    """
+    if model not in BLOCKS:
+        raise ValueError(f"--recompute needs a model with recomputation blocks; --model={model} "
+                         f"has none (models with blocks: {', '.join(BLOCKS.names())})")
+    return BLOCKS.get(model)
 
 
 declare("resnet50", "models.resnet50:build_resnet50",
@@ -64,3 +80,12 @@ declare("tiramisu103", "models.tiramisu:build_tiramisu103",
         "FC-DenseNet103: blocks 4,5,7,10,12,15, growth 16", SEGMENTATION)
 declare("tiramisu_tiny", "models.tiramisu:build_tiramisu_tiny",
         "FC-DenseNet with 3 levels of 2-layer blocks, growth 4, for tests", SEGMENTATION)
+
+for _name in ("resnet50", "resnet50_tiny"):
+    BLOCKS.declare(_name, "models.resnet50:block_of", "each bottleneck, and the stem")
+for _name in ("deeplabv3plus", "deeplabv3plus_os8", "deeplabv3plus_tiny"):
+    BLOCKS.declare(_name, "models.deeplabv3plus:block_of",
+                   "the trunk's bottlenecks and stem, the ASPP, the decoder")
+for _name in ("tiramisu", "tiramisu56", "tiramisu67", "tiramisu103", "tiramisu_tiny"):
+    BLOCKS.declare(_name, "models.tiramisu:block_of",
+                   "each dense block (with its transition up), each transition down")

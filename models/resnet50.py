@@ -8,6 +8,8 @@ differs. Works for any input size >= 32 and any number of input channels.
 
 from __future__ import annotations
 
+import re
+
 import keras
 from keras import layers
 
@@ -93,6 +95,15 @@ def resnet50(
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
     outputs = layers.Dense(num_classes, dtype="float32", name="predictions")(x)
     return keras.Model(inputs, outputs, name="resnet50_v1_5")
+
+
+def block_of(layer_name: str) -> str | None:
+    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.recompute`): each bottleneck
+    (``conv3_block2``, ...) and the stem (``stem``)."""
+    if layer_name.startswith(("conv1_", "pool1_")):
+        return "stem"
+    bottleneck_block = re.match(r"(conv\d+_block\d+)_", layer_name)
+    return bottleneck_block.group(1) if bottleneck_block else None
 
 
 def build_resnet50(cfg: TrainConfig) -> keras.Model:

@@ -15,6 +15,7 @@ input of at least 1x1, square or not, comes back at its own resolution (multiple
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import keras
@@ -132,6 +133,14 @@ def tiramisu(
         stack, to_upsample = dense_block(x, count, growth, dropout, f"up{i}")
     outputs = layers.Conv2D(num_classes, 1, dtype="float32", name="logits")(stack)
     return keras.Model(inputs, outputs, name=name)
+
+
+def block_of(layer_name: str) -> str | None:
+    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.recompute`): each dense block
+    of the downsampling path (``down1``, ...) and each transition down (``td1``, ...), the
+    bottleneck block, and each transition up with the dense block after it (``up1``, ...)."""
+    found = re.match(r"(down\d+|td\d+|bottleneck|up\d+|tu\d+)_", layer_name)
+    return found.group(1).replace("tu", "up") if found else None
 
 
 def _build(name: str, cfg: TrainConfig) -> keras.Model:

@@ -37,6 +37,7 @@ from tfscale.files import write_json_atomic
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
 from tfscale.optimizers import accumulate_gradients, build_optimizer
+from tfscale.recompute import recompute_blocks
 from tfscale.strategies import Strategy, create, running
 from tfscale.sync_bn import synchronize_under_strategy
 
@@ -183,6 +184,8 @@ class Trainer:
                           jit_compile=cfg.xla == "jit" and self.strategy.jit_scope == "step")
             optimizer.build(model.trainable_variables)
             accumulate_gradients(model, cfg.grad_accum_steps)
+            if cfg.recompute:
+                recompute_blocks(model, models.block_rule(cfg.model))
             if cfg.sync_bn:
                 synchronize_under_strategy(model, self.strategy, cfg)
         self.strategy.prepare_model(model)
