@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,24 @@ def test_multiworker_cluster_from_simulated_slurm_step(tmp_path: Path) -> None:
                       f"--out={tmp_path}"], envs, out=log)
     assert code == 0, log.getvalue()[-3000:]
     assert max_abs_diff(assert_replicas_equal(tmp_path, 2), reference(tmp_path / "ref", 8)) < 1e-5
+
+
+@pytest.mark.parametrize(("flag", "preset", "gpu", "expected"), [
+    (-1.0, None, False, "5"),     # CPU workers: Horovod wakes every 5 ms, not every 1
+    (-1.0, None, True, None),     # GPU workers: Horovod's own default
+    (-1.0, "3", False, "3"),      # the cluster's variable wins
+    (20.0, "3", False, "20"),     # the flag wins over everything
+])
+def test_horovod_cycle_time_default_fits_cpu_steps(
+        flag: float, preset: str | None, gpu: bool, expected: str | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfscale.config import TrainConfig
+    from tfscale.strategies import horovod
+
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    if preset is not None:
+        monkeypatch.setenv("HOROVOD_CYCLE_TIME", preset)
+    monkeypatch.setattr(horovod, "_has_gpu", lambda: gpu)
+    strategy = horovod.HorovodStrategy(TrainConfig(strategy="horovod", cycle_time_ms=flag))
+    strategy.apply_environment()
+    assert os.environ.get("HOROVOD_CYCLE_TIME") == expected

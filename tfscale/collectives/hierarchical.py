@@ -256,6 +256,10 @@ class HierarchicalAllReduce:
         import tensorflow as tf
 
         values = [tf.convert_to_tensor(t) for t in tensors]
+        if self.topology.size == 1:
+            # One process: the sum and the mean are the values; fusing them into a buffer
+            # and out again would only copy every gradient twice per step.
+            return values
         by_dtype: dict[Any, list[int]] = {}
         for i, v in enumerate(values):
             by_dtype.setdefault(v.dtype, []).append(i)

@@ -26,7 +26,6 @@ own host name, so ``--num_processes 2 --ddl_local_size 1`` runs as 2 nodes x 1 p
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
@@ -55,7 +54,7 @@ class DDLStrategy(HorovodStrategy):
     def setup(self) -> None:
         # Horovod must start with dynamic process sets (registered once the nodes are known),
         # so it is started here, with the knobs set, before the base class would start it.
-        os.environ.update(self.environment(self.config))
+        self.apply_environment()
         start_horovod()
         super().setup()
         self.reduce = HierarchicalAllReduce.create(self.config.ddl_local_size,
