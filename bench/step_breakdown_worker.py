@@ -28,8 +28,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def bind_to_own_core() -> None:
-    """One core per worker (its local rank), before TensorFlow starts its thread pools."""
-    rank = int(os.environ.get("TFSCALE_LOCAL_RANK", "0"))
+    """One core per worker, before TensorFlow starts its thread pools: by global rank, since
+    the ddl runs simulate one node per worker, where every local rank is 0."""
+    rank = int(os.environ.get("HOROVOD_RANK") or os.environ.get("TFSCALE_LOCAL_RANK", "0"))
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})
 
