@@ -176,12 +176,19 @@ def test_trainer_run_saves_a_plain_model(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @requires_horovod
-def test_horovod_two_workers(tmp_path: Path) -> None:
-    proc = run_train("--model=tiramisu_tiny", "--dataset=synthetic_seg", "--image_size=32",
-                     "--input_channels=16", "--num_classes=3", "--batch_size=2", "--steps=2",
-                     "--log_every=1", "--tensorboard=false", "--strategy=horovod",
-                     "--num_processes=2", "--recompute", "--xla=jit",
-                     f"--model_dir={tmp_path}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = read_results(tmp_path)
-    assert results["num_workers"] == 2 and np.isfinite(results["final_loss"])
+def test_horovod_two_workers_train_as_without_recomputation(tmp_path: Path) -> None:
+    """Two real workers (with the forward passes XLA-compiled) end with the weights of the
+    same run without recomputation."""
+    weights = []
+    for recompute in (True, False):
+        run = tmp_path / f"recompute-{recompute}"
+        proc = run_train("--model=tiramisu_tiny", "--dataset=synthetic_seg", "--image_size=32",
+                         "--input_channels=16", "--num_classes=3", "--batch_size=2",
+                         "--steps=2", "--log_every=1", "--tensorboard=false",
+                         "--strategy=horovod", "--num_processes=2", f"--recompute={recompute}",
+                         "--xla=jit", f"--model_dir={run}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results = read_results(run)
+        assert results["num_workers"] == 2 and np.isfinite(results["final_loss"])
+        weights.append(keras.models.load_model(run / "model.keras").get_weights())
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(*weights, strict=True)) < 1e-5
