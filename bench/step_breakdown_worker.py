@@ -3,8 +3,8 @@
 Every part runs the same number of times on every rank, in the same order, so the
 collectives match up. Rank 0 prints one line ``BREAKDOWN {json}`` with milliseconds per step:
 
-- ``compute``: the model's training step (forward, backward, update) on its own batch with a
-  plain optimizer: no exchange;
+- ``compute``: the model's training step (forward, backward, update) on its own batch, compiled
+  as ``tfscale.train`` compiles it (loss, metrics, SGD with momentum), with no exchange;
 - ``step``: the same step under the strategy (gradient exchange included), the loss read back
   to Python after each step as ``model.fit`` does for its callbacks;
 - ``step_lag``: the same with ``--gradient_lag=1`` (Horovod strategies only);
@@ -61,6 +61,9 @@ def main() -> None:
 
     import models
     from tfscale.config import TrainConfig
+    from tfscale.losses import build_loss
+    from tfscale.metrics import build_metrics
+    from tfscale.optimizers import build_optimizer
     from tfscale.strategies import create, running
     from tfscale.trainer import configure_runtime
 
@@ -69,6 +72,7 @@ def main() -> None:
                       inter_op_threads=1, model_dir=args.model_dir)
     configure_runtime(cfg)
     horovod_based = args.strategy in ("horovod", "ddl")
+    task = models.task_of(args.model)
     with running(create(cfg)) as strategy:
         rng = np.random.default_rng(strategy.rank)
         batch = strategy.replicas_in_process * args.batch_size
@@ -83,23 +87,28 @@ def main() -> None:
             return lambda: float(function(iterator)["loss"])
 
         def compiled(optimizer: keras.optimizers.Optimizer) -> keras.Model:
+            # As tfscale.trainer compiles it: its loss and metrics, and its optimizer
+            # (SGD with momentum 0.9 by default).
             model = models.MODELS.get(args.model)(cfg)
-            model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True))
+            model.compile(optimizer=optimizer, loss=build_loss(cfg, task),
+                          metrics=build_metrics(cfg, task))
             return model
+
+        def sgd() -> keras.optimizers.Optimizer:
+            return build_optimizer(cfg, strategy.num_replicas, args.steps)
 
         times: dict[str, float] = {}
         warm = max(10, args.steps // 10)
-        local = compiled(keras.optimizers.SGD(0.01))  # no strategy scope, no exchange
+        local = compiled(sgd())  # no strategy scope, no exchange
         times["compute"] = per_call_ms(step_fn(local, data), args.steps, warm)
         with strategy.scope():
-            model = compiled(strategy.wrap_optimizer(keras.optimizers.SGD(0.01)))
+            model = compiled(strategy.wrap_optimizer(sgd()))
         strategy.prepare_model(model)
         times["step"] = per_call_ms(step_fn(model, strategy.distribute_dataset(data)),
                                     args.steps, warm)
         if horovod_based:
             strategy.config = cfg.replace(gradient_lag=1)  # what wrap_optimizer reads
-            model_lag = compiled(strategy.wrap_optimizer(keras.optimizers.SGD(0.01)))
+            model_lag = compiled(strategy.wrap_optimizer(sgd()))
             strategy.config = cfg
             times["step_lag"] = per_call_ms(
                 step_fn(model_lag, strategy.distribute_dataset(data)), args.steps, warm)
