@@ -185,7 +185,9 @@ class Trainer:
             optimizer.build(model.trainable_variables)
             accumulate_gradients(model, cfg.grad_accum_steps)
             if cfg.recompute:
-                recompute_blocks(model, models.block_rule(cfg.model))
+                blocks = recompute_blocks(model, models.block_rule(cfg.model))
+                rank_zero.log(f"--recompute: {len(blocks)} blocks keep only their inputs and "
+                              "recompute their activations in the backward pass")
             if cfg.sync_bn:
                 synchronize_under_strategy(model, self.strategy, cfg)
         self.strategy.prepare_model(model)
