@@ -93,7 +93,11 @@ def test_lag_is_refused_where_it_cannot_work() -> None:
                                 backward_passes_per_step=2, gradient_lag=1)
 
 
-def _horovod_job(tmp_path: Path, strategy: str, lag: int) -> None:
+@pytest.mark.slow
+@requires_horovod
+@pytest.mark.parametrize(("strategy", "lag"), [("horovod", 1), ("horovod", 0), ("ddl", 1)])
+def test_two_workers_follow_the_numpy_model(tmp_path: Path, strategy: str, lag: int) -> None:
+    """Two real workers average their halves' gradients and apply them one step late."""
     proc = run_process([horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2",
                         *WORKER, f"--strategy={strategy}", f"--lag={lag}",
                         f"--steps={STEPS}", f"--batch={BATCH}", f"--out={tmp_path}"],
@@ -101,14 +105,6 @@ def _horovod_job(tmp_path: Path, strategy: str, lag: int) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for rank in range(2):
         _assert_follows(tmp_path / f"rank{rank}.npz", workers=2, lag=lag)
-
-
-@pytest.mark.slow
-@requires_horovod
-@pytest.mark.parametrize(("strategy", "lag"), [("horovod", 1), ("horovod", 0), ("ddl", 1)])
-def test_two_workers_follow_the_numpy_model(tmp_path: Path, strategy: str, lag: int) -> None:
-    """Two real workers average their halves' gradients and apply them one step late."""
-    _horovod_job(tmp_path, strategy, lag)
 
 
 @pytest.mark.slow

@@ -96,15 +96,8 @@ def _lagged_apply(optimizer: Any, base: Any, grads: list[Any], trainable_variabl
     """
     import tensorflow as tf
 
-    variables = (list(trainable_variables) if trainable_variables is not None
-                 else list(optimizer._trainable_variables))
-    if not hasattr(optimizer, "_tfscale_lagged"):
-        with tf.init_scope():  # once, outside the traced step (as for the accumulators)
-            optimizer._tfscale_lagged = {
-                id(v): tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                   name="lagged_gradient") for v in variables}
-    slots = [None if g is None else optimizer._tfscale_lagged[id(v)]
-             for g, v in zip(grads, variables, strict=True)]
+    variables = _variables(optimizer, trainable_variables)
+    slots = _gradient_slots(optimizer, "_tfscale_lagged", grads, variables)
     previous = reduce_present([None if s is None else s.read_value() for s in slots])
     for slot, g in zip(slots, grads, strict=True):
         if slot is not None:
@@ -112,15 +105,29 @@ def _lagged_apply(optimizer: Any, base: Any, grads: list[Any], trainable_variabl
     return base.apply(optimizer, previous, variables)
 
 
-def _make_accumulators(optimizer: Any, variables: Any) -> None:
+def _variables(optimizer: Any, trainable_variables: Any) -> list[Any]:
+    """The variables an ``apply`` call updates (Keras's default: the optimizer's own)."""
+    return (list(trainable_variables) if trainable_variables is not None
+            else list(optimizer._trainable_variables))
+
+
+def _gradient_slots(optimizer: Any, attribute: str, grads: list[Any],
+                    variables: list[Any]) -> list[Any]:
+    """One zero-initialised ``tf.Variable`` per variable, kept on the optimizer under
+    ``attribute`` (None where the gradient is None).
+
+    They are created on the first apply, usually while Keras traces the training step;
+    ``init_scope`` makes them once, outside the traced function.
+    """
     import tensorflow as tf
 
-    # Created on the first apply, usually while Keras traces the training step: init_scope
-    # makes them once, outside the traced function.
-    with tf.init_scope():
-        optimizer._tfscale_passes = tf.Variable(0, dtype=tf.int64, trainable=False)
-        optimizer._tfscale_sums = {
-            id(v): tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables}
+    if not hasattr(optimizer, attribute):
+        with tf.init_scope():
+            setattr(optimizer, attribute, {
+                id(v): tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+                for v in variables})
+    slots = getattr(optimizer, attribute)
+    return [None if g is None else slots[id(v)] for g, v in zip(grads, variables, strict=True)]
 
 
 def _accumulate_then_apply(optimizer: Any, base: Any, grads: list[Any],
@@ -128,12 +135,11 @@ def _accumulate_then_apply(optimizer: Any, base: Any, grads: list[Any],
                            average: bool) -> Any:
     import tensorflow as tf
 
-    variables = (list(trainable_variables) if trainable_variables is not None
-                 else list(optimizer._trainable_variables))
-    if not hasattr(optimizer, "_tfscale_sums"):
-        _make_accumulators(optimizer, variables)
-    sums = [None if g is None else optimizer._tfscale_sums[id(v)]
-            for g, v in zip(grads, variables, strict=True)]
+    variables = _variables(optimizer, trainable_variables)
+    sums = _gradient_slots(optimizer, "_tfscale_sums", grads, variables)
+    if not hasattr(optimizer, "_tfscale_passes"):
+        with tf.init_scope():
+            optimizer._tfscale_passes = tf.Variable(0, dtype=tf.int64, trainable=False)
     for s, g in zip(sums, grads, strict=True):
         if s is not None:
             s.assign_add(tf.convert_to_tensor(g))
