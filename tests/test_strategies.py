@@ -88,14 +88,15 @@ def test_multiworker_cluster_from_simulated_slurm_step(tmp_path: Path) -> None:
     assert max_abs_diff(assert_replicas_equal(tmp_path, 2), reference(tmp_path / "ref", 8)) < 1e-5
 
 
-@pytest.mark.parametrize(("flag", "preset", "gpu", "expected"), [
-    (-1.0, None, False, "5"),     # CPU workers: Horovod wakes every 5 ms, not every 1
-    (-1.0, None, True, None),     # GPU workers: Horovod's own default
-    (-1.0, "3", False, "3"),      # the cluster's variable wins
-    (20.0, "3", False, "20"),     # the flag wins over everything
+@pytest.mark.parametrize(("flag", "preset", "gpu", "sync_bn", "expected"), [
+    (-1.0, None, False, False, "5"),  # CPU workers: Horovod wakes every 5 ms, not every 1
+    (-1.0, None, True, False, None),  # GPU workers: Horovod's own default
+    (-1.0, None, False, True, None),  # --sync_bn: a sum per layer, each waiting for a cycle
+    (-1.0, "3", False, False, "3"),   # the cluster's variable wins
+    (20.0, "3", False, False, "20"),  # the flag wins over everything
 ])
 def test_horovod_cycle_time_default_fits_cpu_steps(
-        flag: float, preset: str | None, gpu: bool, expected: str | None,
+        flag: float, preset: str | None, gpu: bool, sync_bn: bool, expected: str | None,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from tfscale.config import TrainConfig
     from tfscale.strategies import horovod
@@ -104,6 +105,7 @@ def test_horovod_cycle_time_default_fits_cpu_steps(
     if preset is not None:
         monkeypatch.setenv("HOROVOD_CYCLE_TIME", preset)
     monkeypatch.setattr(horovod, "_has_gpu", lambda: gpu)
-    strategy = horovod.HorovodStrategy(TrainConfig(strategy="horovod", cycle_time_ms=flag))
+    strategy = horovod.HorovodStrategy(TrainConfig(strategy="horovod", cycle_time_ms=flag,
+                                                   sync_bn=sync_bn))
     strategy.apply_environment()
     assert os.environ.get("HOROVOD_CYCLE_TIME") == expected

@@ -132,11 +132,12 @@ class HorovodStrategy(Strategy):
 
     def apply_environment(self) -> None:
         """Sets :meth:`environment`'s variables, and Horovod's cycle time for CPU training
-        when neither ``--cycle_time_ms`` nor ``HOROVOD_CYCLE_TIME`` says otherwise (call before
-        Horovod starts: it reads them once)."""
+        when neither ``--cycle_time_ms`` nor ``HOROVOD_CYCLE_TIME`` says otherwise and
+        ``--sync_bn`` is off (call before Horovod starts: it reads them once)."""
         os.environ.update(self.environment(self.config))
+        # Not with --sync_bn: its per-layer sums run one after another, each waiting for a cycle.
         if (self.config.cycle_time_ms < 0 and "HOROVOD_CYCLE_TIME" not in os.environ
-                and not _has_gpu()):
+                and not self.config.sync_bn and not _has_gpu()):
             os.environ["HOROVOD_CYCLE_TIME"] = f"{CPU_CYCLE_TIME_MS:g}"
 
     def _check_size(self) -> None:
