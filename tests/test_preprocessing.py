@@ -229,13 +229,15 @@ def test_preview_writes_a_png_grid_of_training_and_evaluation_images(tmp_path, c
     assert preview.main(["preview", "--dataset=image_folder", f"--data_dir={tmp_path}",
                          "--image_size=16", "--num_classes=2", "--augment=none",
                          "--normalization=none", f"--out={out}", "--rows=2",
-                         "--columns=3"]) == 0
+                         "--columns=3", "--deterministic"]) == 0
     assert str(out) in capsys.readouterr().out
     grid = tf.io.decode_png(out.read_bytes()).numpy()
     tile = 64  # 16 px enlarged 4x
     section = preview.BAND + 2 * tile + 3 * preview.GAP
     assert grid.shape == (2 * section, 3 * tile + 4 * preview.GAP, 3)
-    top = section + preview.BAND + preview.GAP  # the first evaluation tile
+    # The first evaluation tile; --deterministic fixes the order (the parallel decode may
+    # reorder the images on a loaded machine otherwise).
+    top = section + preview.BAND + preview.GAP
     first = grid[top:top + tile:4, preview.GAP:preview.GAP + tile:4]
     np.testing.assert_array_equal(first, images["validation/c0/v"])
     assert preview.main(["preview", "--dataset=synthetic_segmentation", f"--out={out}"]) == 2
