@@ -37,8 +37,10 @@ from bench.common import cpu_description, memcpy_gbps, save, table, train
 from launch.local import horovod_envs, node_layout, supervise, tf_config_envs
 
 PARTS = ("compute", "step", "step_lag", "allreduce", "host_allreduce", "read_step")
-MLP = ["--model=mlp", "--image_size=32", "--batch_size=64", "--intra_op_threads=1",
-       "--inter_op_threads=1"]
+# The model the workers time (bench.step_breakdown_worker's defaults): the same classes, so the
+# same gradient bytes, in tfscale.train's run.
+MLP = ["--model=mlp", "--image_size=32", "--num_classes=10", "--batch_size=64",
+       "--intra_op_threads=1", "--inter_op_threads=1"]
 
 
 def worker_parts(strategy: str, workers: int, steps: int) -> dict[str, Any]:
