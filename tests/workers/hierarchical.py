@@ -54,8 +54,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--ddl_local_size", type=int, default=0)
+    parser.add_argument("--node_exchange", default="auto")
     args = parser.parse_args()
-    reduce = HierarchicalAllReduce.create(local_size=args.ddl_local_size)
+    reduce = HierarchicalAllReduce.create(local_size=args.ddl_local_size,
+                                          node_exchange_mode=args.node_exchange)
     hvd, topo = reduce.hvd, reduce.topology
     mine = tensors_of(topo.rank)
     expected = [sum(np.asarray(t, np.float64) for t in ts)
@@ -71,6 +73,7 @@ def main() -> None:
         [tf.constant(t) for t in mine[:exact]])
     result = {
         "rank": topo.rank, "nodes": [list(n) for n in topo.nodes],
+        "node_transport": reduce.node_transport,
         "exact_vs_flat": max_diff(fused[:exact], flat[:exact]),
         "exact_alone_vs_flat": max_diff(alone[:exact], flat[:exact]),
         "exact_fp16_vs_flat": max_diff(fp16, flat[:exact]),

@@ -17,6 +17,10 @@ The tensors of one call are fused first, one flat buffer per dtype padded to a m
 ``L``, so each phase is one collective per dtype; the result is split back to the original
 shapes.
 
+Phases 1 and 3 run through Horovod's collectives on the node's process set, or, on CPU-only
+x86-64 nodes, through a shared-memory segment (:mod:`tfscale.collectives.shared_memory`: a few
+memory copies instead of Gloo's TCP over loopback).
+
 Nodes come from Horovod's ``cross_rank``/``local_rank`` (the launcher's host list: horovodrun's
 ``-H``, ``HOROVOD_HOSTNAME``, MPI's shared-memory split), or from an explicit ``local_size``
 that regroups ranks as ``rank // local_size`` (to simulate nodes, or when the host list does
@@ -26,11 +30,13 @@ not match the network).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from tfscale.collectives import shared_memory
 from tfscale.collectives.horovod import import_horovod
 
 DYNAMIC_SETS_HINT = (
@@ -182,6 +188,38 @@ def register_process_sets(hvd: ModuleType, topology: Topology) -> tuple[Any, Any
     return node_sets[topology.node_index], cross_sets[topology.local_index]
 
 
+def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
+                  timeout_s: float = 0.0) -> shared_memory.NodeExchange | None:
+    """The shared-memory exchange of this process's node, or None where the node phases stay
+    on Horovod (``mode`` "horovod", one process per node, or "auto" on a node with GPUs or
+    without x86-64 shared memory). A collective: every process must call it.
+
+    Args:
+        mode: "auto", "shared_memory" or "horovod" (``--ddl_node_exchange``).
+        timeout_s: how long a process waits for the others of its node (0: 600 s).
+
+    Raises:
+        ValueError: for "shared_memory" where it cannot work, saying why.
+    """
+    import tensorflow as tf
+
+    # Every process takes part in the token's broadcast, whatever it decides, so the job's
+    # collectives stay matched.
+    token = int(hvd.broadcast(tf.constant([int.from_bytes(os.urandom(6), "little")], tf.int64),
+                              root_rank=0, name="tfscale.ddl.node_exchange").numpy()[0])
+    if mode == "horovod" or topology.local_size == 1:
+        return None
+    why_not = shared_memory.available()
+    if mode == "shared_memory" and why_not:
+        raise ValueError(f"--ddl_node_exchange=shared_memory cannot run here: {why_not}; "
+                         "use --ddl_node_exchange=horovod")
+    if mode == "auto" and (why_not or tf.config.list_physical_devices("GPU")):
+        return None
+    return shared_memory.NodeExchange(f"{token:012x}-node{topology.node_index}",
+                                      topology.local_index, topology.local_size,
+                                      timeout_s or 600.0)
+
+
 def fuse(tensors: Sequence[Any], multiple: int) -> Any:
     """One flat buffer of ``tensors`` (same dtype), zero-padded to a multiple of ``multiple``."""
     import tensorflow as tf
@@ -229,20 +267,35 @@ class HierarchicalAllReduce:
     cross_set: Any
     compression: bool = False
     name: str = "tfscale.ddl"
+    node: shared_memory.NodeExchange | None = None
 
     @classmethod
-    def create(cls, local_size: int = 0, compression: bool = False) -> HierarchicalAllReduce:
-        """Starts Horovod if needed, finds the nodes and registers the process sets (every
-        process must call it, in the same order relative to other collectives).
+    def create(cls, local_size: int = 0, compression: bool = False,
+               node_exchange_mode: str = "auto", timeout_s: float = 0.0,
+               ) -> HierarchicalAllReduce:
+        """Starts Horovod if needed, finds the nodes, registers the process sets and sets up
+        the shared-memory node exchange (every process must call it, in the same order
+        relative to other collectives).
 
         Args:
             local_size: processes per node, overriding the launcher's hosts (0: use them).
             compression: exchange floating-point buffers as float16.
+            node_exchange_mode: how phases 1 and 3 run (:func:`node_exchange`).
+            timeout_s: for the shared-memory exchange, how long to wait for the node's other
+                processes (0: 600 s).
         """
         hvd = start_horovod()
         topology = discover_topology(hvd, local_size)
         node_set, cross_set = register_process_sets(hvd, topology)
-        return cls(hvd, topology, node_set, cross_set, compression)
+        node = node_exchange(hvd, topology, node_exchange_mode, timeout_s)
+        return cls(hvd, topology, node_set, cross_set, compression, node=node)
+
+    @property
+    def node_transport(self) -> str:
+        """What carries phases 1 and 3: "shared memory", "horovod" or "" (skipped)."""
+        if self.node_set is None:
+            return ""
+        return "shared memory" if self.node is not None else "horovod"
 
     def __call__(self, tensors: Sequence[Any]) -> list[Any]:
         """The element-wise means of ``tensors`` over all processes."""
@@ -266,6 +319,10 @@ class HierarchicalAllReduce:
         out: list[Any] = [None] * len(values)
         for dtype, indices in by_dtype.items():
             group = [values[i] for i in indices]
+            if self.node is not None:
+                for i, v in zip(indices, self._reduce_on_node(group, average), strict=True):
+                    out[i] = v
+                continue
             buffer = self._reduce_buffer(fuse(group, self.topology.local_size), dtype.name)
             if average:
                 buffer = buffer / tf.cast(self.topology.size, dtype)
@@ -289,3 +346,30 @@ class HierarchicalAllReduce:
         if self.node_set is not None:
             buffer = hvd.allgather(buffer, name=f"{name}.allgather", process_set=self.node_set)
         return tf.ensure_shape(tf.cast(buffer, dtype), [length])
+
+    def _reduce_on_node(self, tensors: Sequence[Any], average: bool) -> list[Any]:
+        """Phases 1 to 3 for ``tensors`` of one dtype, the node phases in shared memory: the
+        tensors go to the node's segment as they are (no fused buffer)."""
+        import tensorflow as tf
+
+        node, dtype = self.node, tensors[0].dtype
+        assert node is not None
+        wire = tf.float16 if self.compression and dtype.is_floating else dtype
+        values = [tf.cast(t, wire) for t in tensors]
+        divisor = self.topology.size if average else 1
+        name = f"{self.name}.{dtype.name}".replace(".", "_")
+        if self.cross_set is None:
+            outs = tf.numpy_function(functools.partial(node.all_reduce, divisor=divisor),
+                                     values, [wire] * len(values), stateful=True,
+                                     name=f"{name}_node_allreduce")
+        else:
+            chunk = tf.numpy_function(node.reduce_scatter, values, wire, stateful=True,
+                                      name=f"{name}_node_reducescatter")
+            chunk = self.hvd.allreduce(chunk, op=self.hvd.Sum, name=f"{self.name}.{dtype.name}"
+                                       ".allreduce", process_set=self.cross_set)
+            outs = tf.numpy_function(functools.partial(node.all_gather, divisor=divisor),
+                                     [chunk], [wire] * len(values), stateful=True,
+                                     name=f"{name}_node_allgather")
+        # (numpy_function gives a lone tensor, not a list, for a list of one output.)
+        return [tf.cast(tf.ensure_shape(o, t.shape), dtype)
+                for o, t in zip(tf.nest.flatten(outs), tensors, strict=True)]

@@ -44,7 +44,7 @@ DDL_STRATEGY = "ddl"
 class DDLStrategy(HorovodStrategy):
     """IBM DDL's model on Horovod: learners, DDL callbacks, hierarchical all-reduce."""
 
-    owned_flags = (*HorovodStrategy.owned_flags, "ddl_local_size")
+    owned_flags = (*HorovodStrategy.owned_flags, "ddl_local_size", "ddl_node_exchange")
 
     @classmethod
     def ranks_per_node(cls, config: TrainConfig) -> int:
@@ -57,8 +57,10 @@ class DDLStrategy(HorovodStrategy):
         self.apply_environment()
         start_horovod()
         super().setup()
-        self.reduce = HierarchicalAllReduce.create(self.config.ddl_local_size,
-                                                   compression=self.config.fp16_allreduce)
+        self.reduce = HierarchicalAllReduce.create(
+            self.config.ddl_local_size, compression=self.config.fp16_allreduce,
+            node_exchange_mode=self.config.ddl_node_exchange,
+            timeout_s=self.config.collective_timeout_s)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         return with_gradient_reduction(optimizer, self.reduce,
@@ -76,5 +78,7 @@ class DDLStrategy(HorovodStrategy):
             lr = f"learning rate x{factor} (--lr_scaling=linear)"
         else:
             lr = "learning rate not scaled (DDL scales it by the learners: --lr_scaling=linear)"
+        transport = self.reduce.node_transport
+        node = f" (inside a node: {transport})" if transport else ""
         return (f"{self.config.strategy}: {self.size} learner(s) on "
-                f"{self.reduce.topology.describe()}, hierarchical all-reduce; {lr}")
+                f"{self.reduce.topology.describe()}, hierarchical all-reduce{node}; {lr}")

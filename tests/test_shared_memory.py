@@ -1,0 +1,157 @@
+"""The shared-memory node exchange (tfscale.collectives.shared_memory) between real processes,
+and how the ddl strategy chooses it."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tfscale.collectives import shared_memory
+from tfscale.collectives.hierarchical import Topology, node_exchange
+from tfscale.collectives.shared_memory import NodeExchange, PeerTimeout
+
+# Calls of several tensors of one dtype, in shapes that do not fill whole cache lines: a scalar,
+# an empty tensor, odd sizes; the float32 list comes back in the last call.
+CALLS = [
+    (np.float32, [(3, 5), (), (0,), (7,)]),
+    (np.float16, [(33,), (2, 2)]),
+    (np.float64, [(5,), (1, 1, 3)]),
+    (np.float32, [(3, 5), (), (0,), (7,)]),
+]
+
+
+def inputs(index: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(index)
+    return [[rng.normal(size=s).astype(dtype) for s in shapes] for dtype, shapes in CALLS]
+
+
+def _process(index: int, size: int, directory: str, queue: Any) -> None:
+    exchange = NodeExchange("test", index, size, timeout_s=60, directory=Path(directory))
+    # Copies: the results are views of buffers the exchange reuses.
+    outs = [[o.copy() for o in exchange.all_reduce(*x)] for x in inputs(index)]
+    # The two halves, as the multi-node path uses them: here the chunk doubled in between
+    # (the cross-node sum of two identical nodes), then the mean over 4 processes.
+    chunk = exchange.reduce_scatter(*inputs(index)[0])
+    outs.append([o.copy() for o in exchange.all_gather(chunk * 2, divisor=4)])
+    left = sorted(p.name for p in Path(directory).iterdir())
+    queue.put((index, outs, left))
+
+
+def run_node(size: int, directory: Path) -> dict[int, tuple[list[Any], list[str]]]:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_process, args=(i, size, str(directory), queue))
+             for i in range(size)]
+    for p in procs:
+        p.start()
+    try:
+        results = {}
+        for _ in procs:
+            index, outs, left = queue.get(timeout=60)
+            results[index] = (outs, left)
+        return results
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
+                                                               tmp_path: Path) -> None:
+    results = run_node(size, tmp_path)
+    mine = [inputs(i) for i in range(size)]
+    for call, (dtype, shapes) in enumerate(CALLS):
+        for t, shape in enumerate(shapes):
+            # Summed in local index order, in the tensors' own dtype.
+            expected = mine[0][call][t].copy()
+            for i in range(1, size):
+                expected += mine[i][call][t]
+            for i in range(size):
+                got = results[i][0][call][t]
+                assert got.dtype == dtype and got.shape == shape
+                np.testing.assert_array_equal(got, expected)
+    for t in range(len(CALLS[0][1])):
+        expected = sum(mine[i][0][t] for i in range(size)) * 2 / 4
+        for i in range(size):
+            np.testing.assert_allclose(results[i][0][-1][t], expected, rtol=1e-6)
+    # Each segment's file is removed once all processes have mapped it.
+    assert all(left == [] for _, left in results.values()), results
+
+
+def test_results_are_aligned_views_of_two_alternating_buffers(tmp_path: Path) -> None:
+    exchange = NodeExchange("one", 0, 1, directory=tmp_path)
+    x = [np.arange(3, dtype=np.float32), np.ones((2, 2), np.float32)]
+    first = exchange.all_reduce(*x)
+    second = exchange.all_reduce(*x, divisor=2)
+    # 64-byte aligned (TensorFlow then takes them without a copy).
+    assert all(o.ctypes.data % 64 == 0 for o in first + second)
+    np.testing.assert_array_equal(second[1], np.full((2, 2), 0.5, np.float32))
+    # The next call did not write over the results of the one before it.
+    np.testing.assert_array_equal(first[0], x[0])
+    np.testing.assert_array_equal(first[1], x[1])
+    third = exchange.all_reduce(*x)
+    address = [r[0].ctypes.data for r in (first, second, third)]
+    assert address[0] == address[2] != address[1]
+    with pytest.raises(ValueError, match=r"one dtype, not \['float32', 'float64'\]"):
+        exchange.all_reduce(np.ones(2, np.float32), np.ones(2, np.float64))
+    with pytest.raises(RuntimeError, match="pairs with the reduce_scatter before it"):
+        exchange.all_gather(np.ones(2, np.float32))
+
+
+def test_a_missing_peer_raises_naming_it(tmp_path: Path) -> None:
+    exchange = NodeExchange("alone", 0, 2, timeout_s=0.3, directory=tmp_path)
+    with pytest.raises(PeerTimeout, match=r"local process\(es\) \[1\] of this node did not "
+                                          r"map .* within 0.3 s \(a peer died or stalled\)"):
+        exchange.all_reduce(np.ones(4, np.float32))
+
+
+def test_available_only_on_x86_64_with_a_writable_directory(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(shared_memory.platform, "machine", lambda: "x86_64")
+    assert shared_memory.available(tmp_path) == ""
+    assert "is not a writable directory" in shared_memory.available(tmp_path / "missing")
+    monkeypatch.setattr(shared_memory.platform, "machine", lambda: "ppc64le")
+    assert "ppc64le processor may reorder stores" in shared_memory.available(tmp_path)
+
+
+class _FakeHorovod:
+    """The one collective node_exchange runs: rank 0's token, here this process's."""
+
+    def __init__(self) -> None:
+        self.broadcasts = 0
+
+    def broadcast(self, tensor: Any, root_rank: int, name: str) -> Any:
+        self.broadcasts += 1
+        return tensor
+
+
+@pytest.mark.parametrize("layout, mode, machine, chosen", [
+    ((2, 2), "auto", "x86_64", True),
+    ((2, 2), "horovod", "x86_64", False),
+    ((2, 2), "auto", "ppc64le", False),
+    ((2, 1), "shared_memory", "x86_64", False),  # one process per node: no node phase
+])
+def test_node_exchange_choice(layout: tuple[int, int], mode: str, machine: str, chosen: bool,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_memory.platform, "machine", lambda: machine)
+    hvd = _FakeHorovod()
+    topology = Topology.regular(layout[0] * layout[1], layout[1], rank=1)
+    exchange = node_exchange(hvd, topology, mode)
+    assert (exchange is not None) == chosen
+    assert hvd.broadcasts == 1, "every process joins the token's broadcast, whatever it chooses"
+    if exchange is not None:
+        assert (exchange.index, exchange.size) == (1, 2)
+
+
+def test_shared_memory_is_refused_where_it_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_memory.platform, "machine", lambda: "aarch64")
+    with pytest.raises(ValueError, match="--ddl_node_exchange=shared_memory cannot run here: "
+                                         "this aarch64 processor .* use --ddl_node_exchange="
+                                         "horovod"):
+        node_exchange(_FakeHorovod(), Topology.regular(2, 2, rank=0), "shared_memory")
