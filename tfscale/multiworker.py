@@ -26,8 +26,9 @@ Keras fixes them):
 2. ``reduce_per_replica`` reduces every train-step output of a multi-worker collective
    strategy with ``strategy.reduce("MEAN", v, axis=0)``, which fails on the scalar loss and
    metric logs ("Invalid reduction dimension 0"); Keras hard-codes ``reduction="auto"`` there.
-   Scalars are reduced with ``axis=None`` instead (the cross-worker mean, which is what the logs
-   should show); everything else is left to Keras.
+   Scalars are averaged over the workers instead (what the logs should show), all of a step's
+   in one collective (``strategy.reduce`` would run one per value: 4% of a 28 ms ``mlp`` step
+   with two workers); everything else is reduced as Keras does.
 
 Both replace private Keras functions, so :func:`enable` checks that the installed Keras is a
 version the fix was made and tested for, and refuses others with an error that says what to do.
@@ -43,6 +44,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
+from tensorflow.python.distribute import device_util
 
 from tfscale.keras_version import check_keras_version
 
@@ -75,10 +77,20 @@ def _maybe_symbolic_build(self: keras.Model, iterator: Any = None, data_batch: A
 
 def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
     if reduction in ("auto", "mean") and _is_multi_worker(strategy):
-        def reduce(v: Any) -> Any:
-            return strategy.reduce("MEAN", v, axis=None if v.shape.rank == 0 else 0)
-
-        return keras.tree.map_structure(reduce, values)
+        flat = keras.tree.flatten(values)
+        scalars = [i for i, v in enumerate(flat) if v.shape.rank == 0]
+        out = [v if i in scalars else strategy.reduce("MEAN", v, axis=0)
+               for i, v in enumerate(flat)]
+        if scalars:
+            # One collective for all the logged scalars (strategy.reduce would run one per
+            # value, each a round trip between the workers, every step).
+            device = (device_util.current() or strategy.extended._default_device
+                      or "/device:CPU:0")
+            means = strategy.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.MEAN, [(flat[i], device) for i in scalars])
+            for i, mean in zip(scalars, means, strict=True):
+                out[i] = strategy.experimental_local_results(mean)[0]
+        return keras.tree.pack_sequence_as(values, out)
     return _originals["reduce_per_replica"](values, strategy, reduction)
 
 
