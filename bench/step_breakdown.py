@@ -8,7 +8,9 @@ themselves (rank 0's figures):
 - ``compute``: forward, backward and update with no exchange;
 - ``step``: the strategy's step, gradient exchange included; ``exchange`` = step - compute;
 - ``step_lag``: the step with ``--gradient_lag=1`` (Horovod strategies);
-- ``allreduce``: a bare all-reduce of the gradients' bytes, the exchange's floor here;
+- ``allreduce``: a bare all-reduce of the gradients' bytes, the exchange's floor here (for
+  ddl, its own hierarchical all-reduce: shared memory inside the node, or Horovod for
+  ``ddl_collectives``);
 - ``host_allreduce``: one collective on two host numbers (what the guard runs every step);
 - ``read_step``: reading the step counter back to Python.
 
@@ -18,9 +20,10 @@ collective, metrics and data. ``default`` runs through ``tfscale.train`` on one 
 round, the baseline of the targets. The memory-copy bandwidth of this machine is measured in the
 same run. Everything alternates over ``--rounds``; figures are means.
 
-    python -m bench.step_breakdown [--rounds 2 --steps 200 --strategies horovod,ddl,multiworker]
+    python -m bench.step_breakdown [--rounds 2 --steps 200
+                                    --strategies horovod,ddl,ddl_collectives,multiworker]
 
-About 6 minutes on 2 cores with 2 rounds.
+About 8 minutes on 2 cores with 2 rounds.
 """
 
 from __future__ import annotations
@@ -43,31 +46,40 @@ MLP = ["--model=mlp", "--image_size=32", "--num_classes=10", "--batch_size=64",
        "--intra_op_threads=1", "--inter_op_threads=1"]
 
 
-def worker_parts(strategy: str, workers: int, steps: int) -> dict[str, Any]:
+# Runs measured besides the strategies themselves: name -> (strategy, flags of both the worker
+# and tfscale.train). ddl's workers share one node, as with --num_processes; "ddl_collectives" is
+# ddl with its node phases on Horovod's collectives (Gloo) instead of shared memory.
+VARIANTS = {"ddl_collectives": ("ddl", ["--ddl_node_exchange=collectives"])}
+
+
+def variant(name: str) -> tuple[str, list[str]]:
+    return VARIANTS.get(name, (name, []))
+
+
+def worker_parts(name: str, workers: int, steps: int) -> dict[str, Any]:
     """Runs the breakdown worker as ``workers`` local processes; returns rank 0's figures."""
+    strategy, flags = variant(name)
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "bench.step_breakdown_worker", f"--strategy={strategy}",
-                   f"--steps={steps}", f"--model_dir={tmp}"]
+                   f"--steps={steps}", f"--model_dir={tmp}", *flags]
         log = io.StringIO()
         if strategy == "multiworker":
             code = supervise(command, tf_config_envs(workers), out=log)
-        else:  # ddl: one worker per simulated node, so its hierarchy has two levels
-            per_node = workers if strategy == "horovod" else 1
-            envs, server = horovod_envs(node_layout(workers, per_node))
+        else:  # horovod, ddl: all workers on one node
+            envs, server = horovod_envs(node_layout(workers, workers))
             code = supervise(command, envs, out=log, on_exit=server.stop)
     lines = [line.split("BREAKDOWN ", 1)[1] for line in log.getvalue().splitlines()
              if "BREAKDOWN " in line]
     if code or not lines:
-        raise RuntimeError(f"{strategy} x{workers} failed ({code}):\n{log.getvalue()[-3000:]}")
+        raise RuntimeError(f"{name} x{workers} failed ({code}):\n{log.getvalue()[-3000:]}")
     parts: dict[str, Any] = json.loads(lines[0])
     return parts
 
 
-def trained_step_ms(strategy: str, workers: int, steps: int) -> float:
+def trained_step_ms(name: str, workers: int, steps: int) -> float:
     """The step time ``python -m tfscale.train`` reports for the same work."""
-    flags = [*MLP, f"--strategy={strategy}", f"--steps={steps}", f"--log_every={steps}"]
-    if strategy == "ddl":
-        flags.append("--ddl_local_size=1")
+    strategy, extra = variant(name)
+    flags = [*MLP, f"--strategy={strategy}", f"--steps={steps}", f"--log_every={steps}", *extra]
     if workers > 1:
         flags += [f"--num_processes={workers}", "--cpu_binding"]
     results = train(flags, cores=[0] if workers == 1 else None)
@@ -129,7 +141,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--strategies", default="horovod,ddl,multiworker")
+    parser.add_argument("--strategies", default="horovod,ddl,ddl_collectives,multiworker",
+                        help=f"strategies, or these variants: {sorted(VARIANTS)}")
     args = parser.parse_args()
     result = measure(args.rounds, args.steps, args.strategies.split(","))
     save("step_breakdown", result)

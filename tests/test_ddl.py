@@ -158,7 +158,8 @@ LAYOUTS = {"2x1": (2, 1), "1x2": (2, 2), "2x2": (4, 2)}
 @pytest.mark.slow
 @requires_horovod
 @pytest.mark.parametrize("layout, exchange", [
-    ("2x1", "auto"), ("1x2", "auto"), ("2x2", "auto"), ("1x2", "horovod"), ("2x2", "horovod")])
+    ("2x1", "auto"), ("1x2", "auto"), ("2x2", "auto"), ("1x2", "collectives"),
+    ("2x2", "collectives")])
 def test_hierarchical_all_reduce_matches_flat_all_reduce(layout: str, exchange: str,
                                                          tmp_path: Path) -> None:
     np_, per_node = LAYOUTS[layout]
@@ -171,7 +172,8 @@ def test_hierarchical_all_reduce_matches_flat_all_reduce(layout: str, exchange: 
         assert result["nodes"] == nodes, "nodes found from the launcher's host names"
         # This CPU-only x86-64 machine: the node phases run in shared memory unless told not.
         assert result["node_transport"] == (
-            "" if per_node == 1 else "horovod" if exchange == "horovod" else "shared memory")
+            "" if per_node == 1 else "Horovod collectives" if exchange == "collectives"
+            else "shared memory")
         # Integer-valued sums are exact in any order: bit-identical to Horovod's flat sums,
         # fused, one tensor at a time (sizes 1, 3, 35, 13, 7) and with float16 on the wire.
         for key in ("exact_vs_flat", "exact_alone_vs_flat", "exact_fp16_vs_flat"):

@@ -4,6 +4,7 @@ and how the ddl strategy chooses it."""
 from __future__ import annotations
 
 import multiprocessing
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ class _FakeHorovod:
 
 @pytest.mark.parametrize("layout, mode, machine, chosen", [
     ((2, 2), "auto", "x86_64", True),
-    ((2, 2), "horovod", "x86_64", False),
+    ((2, 2), "collectives", "x86_64", False),
     ((2, 2), "auto", "ppc64le", False),
     ((2, 1), "shared_memory", "x86_64", False),  # one process per node: no node phase
 ])
@@ -153,5 +154,28 @@ def test_shared_memory_is_refused_where_it_cannot_work(monkeypatch: pytest.Monke
     monkeypatch.setattr(shared_memory.platform, "machine", lambda: "aarch64")
     with pytest.raises(ValueError, match="--ddl_node_exchange=shared_memory cannot run here: "
                                          "this aarch64 processor .* use --ddl_node_exchange="
-                                         "horovod"):
+                                         "collectives"):
         node_exchange(_FakeHorovod(), Topology.regular(2, 2, rank=0), "shared_memory")
+
+
+def _exchange_once(index: int, size: int, directory: str) -> None:
+    NodeExchange("gone", index, size, timeout_s=60, directory=Path(directory)).all_reduce(
+        np.ones(4, np.float32))
+
+
+def test_a_peer_that_exited_is_reported_at_once_not_after_the_timeout(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    peer = context.Process(target=_exchange_once, args=(1, 2, str(tmp_path)))
+    peer.start()
+    try:
+        exchange = NodeExchange("gone", 0, 2, timeout_s=60, directory=tmp_path)
+        exchange.all_reduce(np.ones(4, np.float32))
+        start = time.monotonic()
+        with pytest.raises(PeerTimeout, match=rf"local process\(es\) \[1\] of this node \(pid "
+                                              rf"{peer.pid}\) exited before .* \(a peer died\)"):
+            exchange.all_reduce(np.ones(4, np.float32))
+        assert time.monotonic() - start < 10, "found by its pid, not by the 60 s timeout"
+    finally:
+        peer.join(timeout=10)
+        if peer.is_alive():
+            peer.kill()

@@ -33,7 +33,8 @@ class TrainingStopped(Exception):
 # Messages by which TensorFlow's collectives and Horovod report a lost or stalled peer.
 _PEER_FAILURE = re.compile(
     r"Horovod has been shut down|Socket closed|Connection reset by peer|Collective ops is "
-    r"aborted|failed to connect|stalled|peer.*(unavailable|not respond)|Gloo", re.IGNORECASE)
+    r"aborted|failed to connect|stalled|peer.*(unavailable|not respond)|Gloo|"
+    r"shared-memory exchange", re.IGNORECASE)
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
 
 

@@ -113,9 +113,9 @@ HELP: dict[str, str] = {
     "(0 = library default).",
     "ddl_local_size": "ddl: processes per node, overriding the launcher's host list.",
     "ddl_node_exchange": "ddl: how processes of one node exchange gradients (the node phases of "
-    "the hierarchical all-reduce). shared_memory: through a /dev/shm segment (x86-64); horovod: "
-    "Horovod's collectives on the node's process set. auto: shared_memory on CPU-only x86-64 "
-    "nodes, horovod where there are GPUs.",
+    "the hierarchical all-reduce). shared_memory: through a /dev/shm segment (x86-64); "
+    "collectives: Horovod's collectives on the node's process set. auto: shared_memory on "
+    "CPU-only x86-64 nodes, collectives where there are GPUs.",
     "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
     "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
     "cycle_time_ms": "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else 5 ms on "

@@ -191,11 +191,11 @@ def register_process_sets(hvd: ModuleType, topology: Topology) -> tuple[Any, Any
 def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
                   timeout_s: float = 0.0) -> shared_memory.NodeExchange | None:
     """The shared-memory exchange of this process's node, or None where the node phases stay
-    on Horovod (``mode`` "horovod", one process per node, or "auto" on a node with GPUs or
+    on Horovod (``mode`` "collectives", one process per node, or "auto" on a node with GPUs or
     without x86-64 shared memory). A collective: every process must call it.
 
     Args:
-        mode: "auto", "shared_memory" or "horovod" (``--ddl_node_exchange``).
+        mode: "auto", "shared_memory" or "collectives" (``--ddl_node_exchange``).
         timeout_s: how long a process waits for the others of its node (0: 600 s).
 
     Raises:
@@ -207,12 +207,12 @@ def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
     # collectives stay matched.
     token = int(hvd.broadcast(tf.constant([int.from_bytes(os.urandom(6), "little")], tf.int64),
                               root_rank=0, name="tfscale.ddl.node_exchange").numpy()[0])
-    if mode == "horovod" or topology.local_size == 1:
+    if mode == "collectives" or topology.local_size == 1:
         return None
     why_not = shared_memory.available()
     if mode == "shared_memory" and why_not:
         raise ValueError(f"--ddl_node_exchange=shared_memory cannot run here: {why_not}; "
-                         "use --ddl_node_exchange=horovod")
+                         "use --ddl_node_exchange=collectives")
     if mode == "auto" and (why_not or tf.config.list_physical_devices("GPU")):
         return None
     return shared_memory.NodeExchange(f"{token:012x}-node{topology.node_index}",
@@ -292,10 +292,10 @@ class HierarchicalAllReduce:
 
     @property
     def node_transport(self) -> str:
-        """What carries phases 1 and 3: "shared memory", "horovod" or "" (skipped)."""
+        """What carries phases 1 and 3: "shared memory", "Horovod collectives" or "" (skipped)."""
         if self.node_set is None:
             return ""
-        return "shared memory" if self.node is not None else "horovod"
+        return "shared memory" if self.node is not None else "Horovod collectives"
 
     def __call__(self, tensors: Sequence[Any]) -> list[Any]:
         """The element-wise means of ``tensors`` over all processes."""

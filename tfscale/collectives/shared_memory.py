@@ -57,10 +57,28 @@ import numpy as np
 
 SHM_DIR = Path("/dev/shm")
 _LINE = 64  # bytes: one counter per cache line, so two writers never share a line
+# "attached" holds each process's pid once it has mapped the segment.
 _KINDS = ("attached", "written", "reduced", "gathered")
 # Spin this many checks before sleeping between checks (each check is about a microsecond).
 _SPINS = 2000
 _SLEEP_S = 50e-6
+# While waiting, how often to check that the processes waited for are still alive.
+_LIVENESS_S = 0.2
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def available(directory: Path = SHM_DIR) -> str:
@@ -81,8 +99,7 @@ class _Segment:
     """The mapped segment for tensors of ``shapes`` and ``dtype`` (see the module doc)."""
 
     def __init__(self, path: Path, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
-                 index: int, size: int, wait: Callable[[np.ndarray, int, str], None],
-                 timeout_s: float) -> None:
+                 index: int, size: int, wait: Callable[..., None], timeout_s: float) -> None:
         self.index, self.size, self.shapes = index, size, shapes
         self._wait, self._timeout_s = wait, timeout_s
         per_line = _LINE // dtype.itemsize
@@ -101,10 +118,11 @@ class _Segment:
             kind: np.ndarray((size,), np.int64, self._map, offset=k * size * _LINE,
                              strides=(_LINE,))
             for k, kind in enumerate(_KINDS)}
+        self.pids = self.flags["attached"]
         self.slots = np.ndarray((size, length), dtype, self._map, offset=header)
         self.results = np.ndarray((2, length), dtype, self._map, offset=header + size * data)
         self.calls = 0
-        self.flags["attached"][index] = 1
+        self.flags["attached"][index] = os.getpid()
         if index == 0:
             # Everyone has the mapping once they all say so: the name can go.
             self._wait(self.flags["attached"], 1, f"map {path}")
@@ -150,11 +168,11 @@ class _Segment:
         buffer, left in the call's ``results`` (and returned as a view of it)."""
         self.calls += 1
         c = self.calls
-        self._wait(self.flags["gathered"], c - 1, f"finish exchange {c - 1}")
+        self._wait(self.flags["gathered"], c - 1, f"finish exchange {c - 1}", self.pids)
         for view, tensor in zip(self._views(self.slots[self.index]), tensors, strict=True):
             np.copyto(view, tensor)
         self.flags["written"][self.index] = c
-        self._wait(self.flags["written"], c, f"write its tensors for exchange {c}")
+        self._wait(self.flags["written"], c, f"write its tensors for exchange {c}", self.pids)
         parts, total = self.slots[:, self.chunk], self.results[c % 2, self.chunk]
         if self.size == 1:
             np.copyto(total, parts[0])
@@ -174,7 +192,7 @@ class _Segment:
         elif chunk is not None:
             np.copyto(total, chunk)
         self.flags["reduced"][self.index] = c
-        self._wait(self.flags["reduced"], c, f"write its chunk for exchange {c}")
+        self._wait(self.flags["reduced"], c, f"write its chunk for exchange {c}", self.pids)
         self.flags["gathered"][self.index] = c
         return self._views(self.results[c % 2])
 
@@ -216,10 +234,16 @@ class NodeExchange:
                                            self._wait, self.timeout_s)
         return self._segments[key]
 
-    def _wait(self, flags: np.ndarray, value: int, what: str) -> None:
-        """Returns once every process's counter in ``flags`` is at least ``value``."""
+    def _wait(self, flags: np.ndarray, value: int, what: str,
+              pids: np.ndarray | None = None) -> None:
+        """Returns once every process's counter in ``flags`` is at least ``value``.
+
+        Raises:
+            PeerTimeout: after ``timeout_s``, or as soon as a process waited for has exited
+                (``pids``: the segment's pids, once all are attached).
+        """
         spins = 0
-        deadline = 0.0
+        deadline = check = 0.0
         while True:
             behind = np.flatnonzero(flags < value)
             if not behind.size:
@@ -229,11 +253,19 @@ class NodeExchange:
                 continue
             now = time.monotonic()
             if not deadline:
-                deadline = now + self.timeout_s
+                deadline, check = now + self.timeout_s, now + _LIVENESS_S
             elif now > deadline:
                 raise PeerTimeout(
                     f"shared-memory exchange: local process(es) {behind.tolist()} of this node "
                     f"did not {what} within {self.timeout_s:g} s (a peer died or stalled)")
+            elif pids is not None and now > check:
+                check = now + _LIVENESS_S
+                gone = [int(i) for i in behind if not _alive(int(pids[i]))]
+                if gone:
+                    raise PeerTimeout(
+                        f"shared-memory exchange: local process(es) {gone} of this node (pid "
+                        f"{', '.join(str(int(pids[i])) for i in gone)}) exited before they "
+                        f"could {what} (a peer died)")
             time.sleep(_SLEEP_S)
 
     def reduce_scatter(self, *tensors: np.ndarray) -> np.ndarray:
