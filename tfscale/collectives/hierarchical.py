@@ -13,13 +13,12 @@ Only phase 2 crosses the network, and each process sends ``n / L`` values over i
 ``n``; phases 1 and 3 use the fast links inside a node. Phases whose group has one process are
 skipped (one node: no phase 2; one process per node: phases 1 and 3).
 
-The tensors of one call are fused first, one flat buffer per dtype padded to a multiple of
-``L``, so each phase is one collective per dtype; the result is split back to the original
-shapes.
-
 Phases 1 and 3 run through Horovod's collectives on the node's process set, or, on CPU-only
 x86-64 nodes, through a shared-memory segment (:mod:`tfscale.collectives.shared_memory`: a few
-memory copies instead of Gloo's TCP over loopback).
+memory copies instead of Gloo's TCP over loopback). For Horovod's collectives the tensors of
+one call are fused first, one flat buffer per dtype padded to a multiple of ``L``, so each phase
+is one collective per dtype, and the result is split back to the original shapes; the
+shared-memory segment takes the tensors as they are.
 
 Nodes come from Horovod's ``cross_rank``/``local_rank`` (the launcher's host list: horovodrun's
 ``-H``, ``HOROVOD_HOSTNAME``, MPI's shared-memory split), or from an explicit ``local_size``
@@ -259,6 +258,11 @@ class HierarchicalAllReduce:
         cross_set: process set across nodes (phase 2), None when it is skipped.
         compression: exchange floating-point buffers as float16.
         name: prefix of the Horovod tensor names (they must match across processes).
+        node: the shared-memory exchange of phases 1 and 3, or None for Horovod's.
+        transient: with shared memory, return views of its buffers instead of copies. Such a
+            result is overwritten two calls later, so only for tensors used up within the
+            step that made them: gradients applied by the optimizer (the ``ddl`` strategy's
+            gradient reduction sets it). Saves a copy of every gradient per step.
     """
 
     hvd: ModuleType
@@ -268,6 +272,7 @@ class HierarchicalAllReduce:
     compression: bool = False
     name: str = "tfscale.ddl"
     node: shared_memory.NodeExchange | None = None
+    transient: bool = False
 
     @classmethod
     def create(cls, local_size: int = 0, compression: bool = False,
@@ -357,9 +362,11 @@ class HierarchicalAllReduce:
         wire = tf.float16 if self.compression and dtype.is_floating else dtype
         values = [tf.cast(t, wire) for t in tensors]
         divisor = self.topology.size if average else 1
+        copy = not self.transient
         name = f"{self.name}.{dtype.name}".replace(".", "_")
         if self.cross_set is None:
-            outs = tf.numpy_function(functools.partial(node.all_reduce, divisor=divisor),
+            outs = tf.numpy_function(functools.partial(node.all_reduce, divisor=divisor,
+                                                       copy=copy),
                                      values, [wire] * len(values), stateful=True,
                                      name=f"{name}_node_allreduce")
         else:
@@ -367,7 +374,8 @@ class HierarchicalAllReduce:
                                       name=f"{name}_node_reducescatter")
             chunk = self.hvd.allreduce(chunk, op=self.hvd.Sum, name=f"{self.name}.{dtype.name}"
                                        ".allreduce", process_set=self.cross_set)
-            outs = tf.numpy_function(functools.partial(node.all_gather, divisor=divisor),
+            outs = tf.numpy_function(functools.partial(node.all_gather, divisor=divisor,
+                                                       copy=copy),
                                      [chunk], [wire] * len(values), stateful=True,
                                      name=f"{name}_node_allgather")
         # (numpy_function gives a lone tensor, not a list, for a list of one output.)

@@ -16,9 +16,9 @@ every process of the node::
 
 In a buffer each tensor starts on a 64-byte boundary (the gaps stay zero), and ``n`` is a
 multiple of ``L`` aligned chunks. The tensors are copied straight from TensorFlow's gradients
-into the slot, so no fused buffer is built, and the results are returned as views of the
-call's ``results`` buffer, which TensorFlow takes without copying. They are read only within
-the step that made them (the optimizer applies them), and that buffer is written again two
+into the slot, so no fused buffer is built. The results are returned as copies, or, for
+gradients that the optimizer applies within the step (``copy=False``), as views of the call's
+``results`` buffer, which TensorFlow takes without copying: that buffer is written again two
 calls later, after every process has finished the call in between, so after the step.
 
 Call ``c`` (every process makes the same calls in the same order):
@@ -182,9 +182,11 @@ class _Segment:
                 total += part
         return total
 
-    def all_gather(self, divisor: int, chunk: np.ndarray | None = None) -> list[np.ndarray]:
+    def all_gather(self, divisor: int, chunk: np.ndarray | None = None,
+                   copy: bool = True) -> list[np.ndarray]:
         """Step 3: the tensors' sums from every process's chunk, divided by ``divisor``.
-        ``chunk`` replaces this process's chunk of ``results`` (with its cross-node sum)."""
+        ``chunk`` replaces this process's chunk of ``results`` (with its cross-node sum).
+        ``copy=False`` returns views of ``results``, written again two calls later."""
         c = self.calls
         total = self.results[c % 2, self.chunk]
         if divisor != 1:
@@ -193,8 +195,11 @@ class _Segment:
             np.copyto(total, chunk)
         self.flags["reduced"][self.index] = c
         self._wait(self.flags["reduced"], c, f"write its chunk for exchange {c}", self.pids)
+        views = self._views(self.results[c % 2])
+        if copy:
+            views = [v.copy() for v in views]
         self.flags["gathered"][self.index] = c
-        return self._views(self.results[c % 2])
+        return views
 
 
 class NodeExchange:
@@ -274,16 +279,20 @@ class NodeExchange:
         self._last = self._segment(tensors)
         return self._last.reduce_scatter(tensors).copy()
 
-    def all_gather(self, chunk: np.ndarray, divisor: int = 1) -> list[np.ndarray]:
+    def all_gather(self, chunk: np.ndarray, divisor: int = 1,
+                   copy: bool = True) -> list[np.ndarray]:
         """The tensors of the :meth:`reduce_scatter` just made, summed over the chunks
-        gathered from the node's processes and divided by ``divisor``."""
+        gathered from the node's processes and divided by ``divisor``; ``copy=False``: views
+        of a buffer that the call after next overwrites."""
         if self._last is None:
             raise RuntimeError("all_gather pairs with the reduce_scatter before it; none was made")
         segment, self._last = self._last, None
-        return segment.all_gather(divisor, chunk)
+        return segment.all_gather(divisor, chunk, copy)
 
-    def all_reduce(self, *tensors: np.ndarray, divisor: int = 1) -> list[np.ndarray]:
-        """The node's sums of ``tensors``, divided by ``divisor``."""
+    def all_reduce(self, *tensors: np.ndarray, divisor: int = 1,
+                   copy: bool = True) -> list[np.ndarray]:
+        """The node's sums of ``tensors``, divided by ``divisor``; ``copy=False``: views of a
+        buffer that the call after next overwrites."""
         segment = self._segment(tensors)
         segment.reduce_scatter(tensors)
-        return segment.all_gather(divisor)
+        return segment.all_gather(divisor, copy=copy)

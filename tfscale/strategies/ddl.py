@@ -26,6 +26,7 @@ own host name, so ``--num_processes 2 --ddl_local_size 1`` runs as 2 nodes x 1 p
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
@@ -57,10 +58,11 @@ class DDLStrategy(HorovodStrategy):
         self.apply_environment()
         start_horovod()
         super().setup()
-        self.reduce = HierarchicalAllReduce.create(
+        # Transient: the optimizer applies the reduced gradients within the step.
+        self.reduce = dataclasses.replace(HierarchicalAllReduce.create(
             self.config.ddl_local_size, compression=self.config.fp16_allreduce,
             node_exchange_mode=self.config.ddl_node_exchange,
-            timeout_s=self.config.collective_timeout_s)
+            timeout_s=self.config.collective_timeout_s), transient=True)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         return with_gradient_reduction(optimizer, self.reduce,
