@@ -37,7 +37,7 @@ SECTIONS = (
      lambda: scaling.measure(["horovod", "multiworker", "ddl"],
                              ["horovod", "multiworker", "ddl"])),
     ("Step breakdown: where a step's milliseconds go", step_breakdown,
-     lambda: step_breakdown.measure(3, 200, ["horovod", "ddl", "ddl_collectives", "multiworker"])),
+     lambda: step_breakdown.measure(3, 200, step_breakdown.DEFAULT_RUNS.split(","))),
     ("Defaults: the README command against hand-set flags", defaults,
      lambda: defaults.measure(2, 8)),
     ("Gradient lag (`--gradient_lag=1`)", gradient_lag,

@@ -8,9 +8,10 @@ themselves (rank 0's figures):
 - ``compute``: forward, backward and update with no exchange;
 - ``step``: the strategy's step, gradient exchange included; ``exchange`` = step - compute;
 - ``step_lag``: the step with ``--gradient_lag=1`` (Horovod strategies);
-- ``allreduce``: a bare all-reduce of the gradients' bytes, the exchange's floor here (for
-  ddl, its own hierarchical all-reduce: shared memory inside the node, or Horovod for
-  ``ddl_collectives``);
+- ``allreduce``: a bare all-reduce of the gradients' bytes, the exchange's floor here: the
+  strategy's own all-reduce (shared memory where ``--node_exchange`` takes it; ddl's
+  hierarchical one), or its transport's (Horovod's Gloo, TensorFlow's gRPC ring) for the
+  ``*_collectives`` variants;
 - ``host_allreduce``: one collective on two host numbers (what the guard runs every step);
 - ``read_step``: reading the step counter back to Python.
 
@@ -21,7 +22,7 @@ round, the baseline of the targets. The memory-copy bandwidth of this machine is
 same run. Everything alternates over ``--rounds``; figures are means.
 
     python -m bench.step_breakdown [--rounds 2 --steps 200
-                                    --strategies horovod,ddl,ddl_collectives,multiworker]
+                                    --strategies horovod,ddl,multiworker,horovod_collectives,...]
 
 About 8 minutes on 2 cores with 2 rounds.
 """
@@ -47,9 +48,12 @@ MLP = ["--model=mlp", "--image_size=32", "--num_classes=10", "--batch_size=64",
 
 
 # Runs measured besides the strategies themselves: name -> (strategy, flags of both the worker
-# and tfscale.train). ddl's workers share one node, as with --num_processes; "ddl_collectives" is
-# ddl with its node phases on Horovod's collectives (Gloo) instead of shared memory.
-VARIANTS = {"ddl_collectives": ("ddl", ["--ddl_node_exchange=collectives"])}
+# and tfscale.train). The workers share one node, as with --num_processes; "X_collectives" is X
+# with its exchange on its own transport (Horovod's Gloo, TensorFlow's gRPC ring) instead of
+# shared memory.
+VARIANTS = {f"{name}_collectives": (name, ["--node_exchange=collectives"])
+            for name in ("horovod", "ddl", "multiworker")}
+DEFAULT_RUNS = "horovod,ddl,multiworker,horovod_collectives,ddl_collectives,multiworker_collectives"
 
 
 def variant(name: str) -> tuple[str, list[str]]:
@@ -141,7 +145,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--strategies", default="horovod,ddl,ddl_collectives,multiworker",
+    parser.add_argument("--strategies", default=DEFAULT_RUNS,
                         help=f"strategies, or these variants: {sorted(VARIANTS)}")
     args = parser.parse_args()
     result = measure(args.rounds, args.steps, args.strategies.split(","))

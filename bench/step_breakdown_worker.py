@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--image_size", type=int, default=32)
     parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--ddl_node_exchange", default="auto")
+    parser.add_argument("--node_exchange", default="auto")
     args = parser.parse_args()
     bind_to_own_core()
 
@@ -71,7 +71,7 @@ def main() -> None:
     cfg = TrainConfig(model=args.model, strategy=args.strategy, batch_size=args.batch_size,
                       image_size=args.image_size, num_classes=10, intra_op_threads=1,
                       inter_op_threads=1, model_dir=args.model_dir,
-                      ddl_node_exchange=args.ddl_node_exchange)
+                      node_exchange=args.node_exchange)
     configure_runtime(cfg)
     horovod_based = args.strategy in ("horovod", "ddl")
     task = models.task_of(args.model)
@@ -117,8 +117,9 @@ def main() -> None:
         shapes = [w.shape for w in model.trainable_weights]
         tensors = [tf.ones(s) for s in shapes]
         megabytes = sum(int(np.prod(s)) for s in shapes) * 4 / 1e6
-        if args.strategy == "ddl":  # its own all-reduce, whichever way it runs inside a node
-            reduce = tf.function(lambda ts: strategy.reduce(ts))  # type: ignore[attr-defined]
+        own = getattr(strategy, "reduce", None)
+        if own is not None:  # the strategy's own all-reduce (ddl's, or shared memory)
+            reduce = tf.function(lambda ts: own(ts))
         elif horovod_based:
             hvd = strategy.comm.hvd  # type: ignore[attr-defined]
             reduce = tf.function(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Average))

@@ -117,7 +117,8 @@ def test_horovod_two_workers_equal_one_process(tmp_path: Path,
                         "--strategy=horovod", *_worker_flags(tmp_path)], timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counts = _check(tmp_path, combined)
-    assert counts["allreduces"] == STEPS, "one grouped all-reduce per optimizer step"
+    assert counts["allreduces"] == STEPS, "one gradient all-reduce per optimizer step"
+    assert "gradients through shared memory" in counts["describe"]
 
 
 @pytest.mark.slow
@@ -127,7 +128,9 @@ def test_multiworker_two_workers_equal_one_process(tmp_path: Path,
     code = supervise([*WORKER, "--strategy=multiworker", *_worker_flags(tmp_path)],
                      tf_config_envs(2), out=log)
     assert code == 0, log.getvalue()[-3000:]
-    _check(tmp_path, combined)
+    counts = _check(tmp_path, combined)
+    assert counts["allreduces"] == STEPS, "one gradient all-reduce per optimizer step"
+    assert "gradients through shared memory" in counts["describe"]
 
 
 @pytest.mark.slow

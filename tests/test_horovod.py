@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,16 +13,22 @@ from tests.equivalence import WORKER, assert_replicas_equal, max_abs_diff, refer
 pytestmark = [pytest.mark.slow, requires_horovod]
 
 
-def _horovod_workers(out: Path, steps: int, batch: int) -> None:
+def _horovod_workers(out: Path, steps: int, batch: int, *flags: str) -> None:
     proc = run_process([horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", *WORKER,
                         "--strategy=horovod", f"--batch={batch}", f"--steps={steps}",
-                        f"--out={out}"], timeout=240)
+                        f"--out={out}", *flags], timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-def test_one_step_equals_single_process_on_combined_batch(tmp_path: Path) -> None:
-    _horovod_workers(tmp_path / "hvd", steps=1, batch=4)
+@pytest.mark.parametrize(("exchange", "transport"), [("shared_memory", "shared memory"),
+                                                     ("collectives", "Horovod's transport")])
+def test_one_step_equals_single_process_on_combined_batch(exchange: str, transport: str,
+                                                          tmp_path: Path) -> None:
+    _horovod_workers(tmp_path / "hvd", 1, 4, f"--node_exchange={exchange}")
     distributed = assert_replicas_equal(tmp_path / "hvd", 2)
+    counts = json.loads((tmp_path / "hvd" / "rank0.json").read_text())
+    assert counts["describe"].endswith(f"gradients through {transport}")
+    assert counts["allreduces"] == 1
     single = reference(tmp_path / "ref", batch=8)
     assert max_abs_diff(distributed, single) < 1e-5
 

@@ -14,6 +14,7 @@ import pytest
 from tfscale.collectives import shared_memory
 from tfscale.collectives.hierarchical import Topology, node_exchange
 from tfscale.collectives.shared_memory import NodeExchange, PeerTimeout
+from tfscale.errors import describe_peer_failure
 
 # Calls of several tensors of one dtype, in shapes that do not fill whole cache lines: a scalar,
 # an empty tensor, odd sizes; the float32 list comes back in the last call.
@@ -111,10 +112,13 @@ def test_transient_results_are_aligned_views_of_two_alternating_buffers(tmp_path
 
 
 def test_a_missing_peer_raises_naming_it(tmp_path: Path) -> None:
-    exchange = NodeExchange("alone", 0, 2, timeout_s=0.3, directory=tmp_path)
-    with pytest.raises(PeerTimeout, match=r"local process\(es\) \[1\] of this node did not "
-                                          r"map .* within 0.3 s \(a peer died or stalled\)"):
+    exchange = NodeExchange("alone", 0, 2, timeout_s=0.3, directory=tmp_path, ranks=(4, 5))
+    with pytest.raises(PeerTimeout, match=r"rank\(s\) \[5\] \(local process\(es\) \[1\]\) of "
+                                          r"this node did not map .* within 0.3 s \(a peer died "
+                                          r"or stalled\)") as err:
         exchange.all_reduce(np.ones(4, np.float32))
+    # What the worker that stays prints, and its exit code 4 (a lost peer).
+    assert (describe_peer_failure(err.value) or "").startswith("lost contact with worker 5 (")
 
 
 def test_available_only_on_x86_64_with_a_writable_directory(
@@ -157,8 +161,8 @@ def test_node_exchange_choice(layout: tuple[int, int], mode: str, machine: str, 
 
 def test_shared_memory_is_refused_where_it_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shared_memory.platform, "machine", lambda: "aarch64")
-    with pytest.raises(ValueError, match="--ddl_node_exchange=shared_memory cannot run here: "
-                                         "this aarch64 processor .* use --ddl_node_exchange="
+    with pytest.raises(ValueError, match="--node_exchange=shared_memory cannot run here: "
+                                         "this aarch64 processor .* use --node_exchange="
                                          "collectives"):
         node_exchange(_FakeHorovod(), Topology.regular(2, 2, rank=0), "shared_memory")
 
@@ -176,11 +180,62 @@ def test_a_peer_that_exited_is_reported_at_once_not_after_the_timeout(tmp_path: 
         exchange = NodeExchange("gone", 0, 2, timeout_s=60, directory=tmp_path)
         exchange.all_reduce(np.ones(4, np.float32))
         start = time.monotonic()
-        with pytest.raises(PeerTimeout, match=rf"local process\(es\) \[1\] of this node \(pid "
-                                              rf"{peer.pid}\) exited before .* \(a peer died\)"):
+        with pytest.raises(PeerTimeout, match=rf"rank\(s\) \[1\] \(local process\(es\) \[1\]\) "
+                                              rf"of this node \(pid {peer.pid}\) exited before "
+                                              r".* \(a peer died\)"):
             exchange.all_reduce(np.ones(4, np.float32))
         assert time.monotonic() - start < 10, "found by its pid, not by the 60 s timeout"
     finally:
         peer.join(timeout=10)
         if peer.is_alive():
             peer.kill()
+
+
+def test_horovod_takes_shared_memory_only_on_one_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfscale.config import TrainConfig
+    from tfscale.strategies.horovod import HorovodStrategy
+
+    monkeypatch.setattr(shared_memory.platform, "machine", lambda: "x86_64")
+
+    class Comm:
+        rank, size = 1, 4
+
+        def __init__(self, nodes: int) -> None:
+            self.hvd = _FakeHorovod()
+            self.hvd.cross_size = lambda: nodes  # type: ignore[attr-defined]
+
+    def reduction(mode: str, nodes: int) -> Any:
+        strategy = HorovodStrategy(TrainConfig(strategy="horovod", node_exchange=mode))
+        strategy.comm = Comm(nodes)  # type: ignore[assignment]
+        return strategy.gradient_reduction()
+
+    one_node = reduction("auto", 1)
+    assert one_node.node_transport == "shared memory" and one_node.transient
+    assert (one_node.topology.size, one_node.node.index, one_node.node.size) == (4, 1, 4)
+    assert reduction("collectives", 1) is None
+    assert reduction("auto", 2) is None, "across nodes the exchange stays on Horovod's transport"
+    with pytest.raises(ValueError, match="only when all 4 ranks run on one node, and this job "
+                                         "spans 2; --strategy=ddl uses it inside each node"):
+        reduction("shared_memory", 2)
+
+
+def test_multiworker_takes_shared_memory_only_on_one_host() -> None:
+    import tensorflow as tf
+
+    from tfscale.config import TrainConfig
+    from tfscale.strategies.multiworker import MultiWorkerStrategy
+
+    def reduction(mode: str, workers: list[str], xla: str = "off") -> Any:
+        strategy = MultiWorkerStrategy(TrainConfig(strategy="multiworker", node_exchange=mode,
+                                                   xla=xla))
+        strategy.tf_strategy, strategy._rank, strategy._size = tf.distribute.get_strategy(), 0, 1
+        return strategy._shared_memory_reduce(workers)
+
+    two_hosts = ["node1:2222", "node2:2222"]
+    assert reduction("auto", two_hosts) is None
+    assert reduction("auto", ["localhost:1", "localhost:2"], xla="jit") is None
+    assert reduction("collectives", ["localhost:1", "localhost:2"]) is None
+    with pytest.raises(ValueError, match=r"only with all workers on one host, one replica each; "
+                                         r"the workers run on 2 hosts \(node1, node2\); use "
+                                         "--node_exchange=collectives"):
+        reduction("shared_memory", two_hosts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -22,15 +23,32 @@ def _mirrored(out: Path, steps: int, batch: int) -> list:
     return load_weights(out / "rank0.npz")
 
 
-def _multiworker(out: Path, steps: int, batch: int) -> list:
+def _multiworker(out: Path, steps: int, batch: int, exchange: str = "auto") -> list:
     log = io.StringIO()
     code = supervise([*WORKER, "--strategy=multiworker", f"--batch={batch}", f"--steps={steps}",
-                      f"--out={out}"], tf_config_envs(2), out=log)
+                      f"--out={out}", f"--node_exchange={exchange}"], tf_config_envs(2), out=log)
     assert code == 0, log.getvalue()[-3000:]
     return assert_replicas_equal(out, 2)
 
 
-@pytest.mark.parametrize("run", [_mirrored, _multiworker], ids=["mirrored", "multiworker"])
+def _multiworker_collectives(out: Path, steps: int, batch: int) -> list:
+    weights = _multiworker(out, steps, batch, "collectives")
+    describe = json.loads((out / "rank0.json").read_text())["describe"]
+    assert describe.endswith("gradients through TensorFlow's collectives (auto)"), describe
+    return weights
+
+
+def _multiworker_shared_memory(out: Path, steps: int, batch: int) -> list:
+    weights = _multiworker(out, steps, batch, "shared_memory")
+    counts = json.loads((out / "rank0.json").read_text())
+    assert counts["describe"].endswith("gradients through shared memory"), counts["describe"]
+    assert counts["allreduces"] == steps, "one shared-memory exchange per step"
+    return weights
+
+
+@pytest.mark.parametrize("run", [_mirrored, _multiworker_shared_memory,
+                                 _multiworker_collectives],
+                         ids=["mirrored", "multiworker", "multiworker-collectives"])
 def test_one_step_equals_single_device_on_combined_batch(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     distributed = run(tmp_path / "dist", steps=1, batch=4)
     single = reference(tmp_path / "ref", batch=8)

@@ -97,7 +97,7 @@ class TrainConfig:
     collective: str = "auto"
     collective_timeout_s: float = 0.0
     ddl_local_size: int = 0
-    ddl_node_exchange: str = "auto"
+    node_exchange: str = "auto"
     fp16_allreduce: bool = False
     fusion_threshold_mb: float = -1.0
     cycle_time_ms: float = -1.0
@@ -204,7 +204,7 @@ def validate(cfg: TrainConfig) -> None:
         ("optimizer", OPTIMIZERS),
         ("larc_mode", LARC_MODES),
         ("collective", COLLECTIVES),
-        ("ddl_node_exchange", NODE_EXCHANGES),
+        ("node_exchange", NODE_EXCHANGES),
         ("augment", AUGMENTS),
         ("horizontal_flip", FLIP_MODES),
         ("normalization", NORMALIZATIONS),

@@ -35,7 +35,7 @@ _PEER_FAILURE = re.compile(
     r"Horovod has been shut down|Socket closed|Connection reset by peer|Collective ops is "
     r"aborted|failed to connect|stalled|peer.*(unavailable|not respond)|Gloo|"
     r"shared-memory exchange", re.IGNORECASE)
-_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)|shared-memory exchange: rank\(s\) \[(\d+)")
 
 
 def describe_peer_failure(err: BaseException) -> str | None:
@@ -44,7 +44,7 @@ def describe_peer_failure(err: BaseException) -> str | None:
     if not _PEER_FAILURE.search(text):
         return None
     task = _TASK.search(text)
-    who = f"worker {task.group(1)}" if task else "a peer worker"
+    who = f"worker {task.group(1) or task.group(2)}" if task else "a peer worker"
     first = next((line.strip() for line in text.splitlines() if _PEER_FAILURE.search(line)),
                  text.strip().splitlines()[0] if text.strip() else type(err).__name__)
     return f"lost contact with {who} (it died, stalled or was stopped): {first[:300]}"

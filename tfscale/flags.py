@@ -112,10 +112,13 @@ HELP: dict[str, str] = {
     "collective_timeout_s": "Collective timeout in seconds; a dead peer raises instead of hanging "
     "(0 = library default).",
     "ddl_local_size": "ddl: processes per node, overriding the launcher's host list.",
-    "ddl_node_exchange": "ddl: how processes of one node exchange gradients (the node phases of "
-    "the hierarchical all-reduce). shared_memory: through a /dev/shm segment (x86-64); "
-    "collectives: Horovod's collectives on the node's process set. auto: shared_memory on "
-    "CPU-only x86-64 nodes, collectives where there are GPUs.",
+    "node_exchange": "horovod, ddl, multiworker: how the processes of one node exchange "
+    "gradients. shared_memory: through a /dev/shm segment (x86-64, CPU workers): the whole "
+    "all-reduce for horovod and multiworker when every worker is on one node, the node phases "
+    "of ddl's hierarchical all-reduce; collectives: the strategy's own transport (Horovod's "
+    "Gloo/MPI, TensorFlow's gRPC ring). auto: shared_memory where it applies (CPU-only x86-64 "
+    "workers on one node for horovod and multiworker, without --xla=jit for multiworker), else "
+    "collectives. --ddl_node_exchange is the old name.",
     "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
     "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
     "cycle_time_ms": "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else 5 ms on "
@@ -146,11 +149,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": cfg_mod.OPTIMIZERS,
     "larc_mode": cfg_mod.LARC_MODES,
     "collective": cfg_mod.COLLECTIVES,
-    "ddl_node_exchange": cfg_mod.NODE_EXCHANGES,
+    "node_exchange": cfg_mod.NODE_EXCHANGES,
     "augment": cfg_mod.AUGMENTS,
     "horizontal_flip": cfg_mod.FLIP_MODES,
     "normalization": cfg_mod.NORMALIZATIONS,
 }
+
+# Old flag names that still work: alias -> flag.
+ALIASES = {"ddl_node_exchange": "node_exchange"}
 
 FIELDS = [f for f in dataclasses.fields(TrainConfig)]
 
@@ -176,6 +182,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
             flags.DEFINE_float(name, default, helptext, flag_values=fv)
         else:
             flags.DEFINE_string(name, default, helptext, flag_values=fv)
+    for alias, name in ALIASES.items():
+        flags.DEFINE_alias(alias, name, flag_values=fv)
 
 
 def config_from_flags(values: flags.FlagValues) -> TrainConfig:

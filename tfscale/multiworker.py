@@ -38,7 +38,7 @@ Strategies other than multi-worker ones go through Keras's own code unchanged.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -92,6 +92,38 @@ def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
                 out[i] = strategy.experimental_local_results(mean)[0]
         return keras.tree.pack_sequence_as(values, out)
     return _originals["reduce_per_replica"](values, strategy, reduction)
+
+
+def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
+                       reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+                       ) -> keras.optimizers.Optimizer:
+    """Makes ``optimizer`` sum its gradients over the replicas with ``reduce`` (tensors in,
+    their sums over all replicas out) instead of the strategy's all-reduce.
+
+    Keras 3's TensorFlow optimizer sums the gradients in ``_all_reduce_sum_gradients`` (the
+    loss is already divided by the number of replicas); that method is replaced on this
+    optimizer object, or on the optimizer inside a ``LossScaleOptimizer``, whose own ``apply``
+    calls the inner one's. Only for one replica per process: ``reduce`` sees this process's
+    gradients. The ``multiworker`` strategy passes its shared-memory all-reduce. The class keeps
+    its name and module, so a saved model reloads with the plain optimizer.
+    """
+    target = getattr(optimizer, "inner_optimizer", optimizer)
+    base = type(target)
+
+    def _all_reduce_sum_gradients(self: Any, grads_and_vars: Any) -> list[Any]:
+        pairs = list(grads_and_vars)
+        present = [i for i, (g, _) in enumerate(pairs) if g is not None]
+        if not present or tf.distribute.get_replica_context() is None:
+            return pairs
+        sums = reduce([tf.convert_to_tensor(pairs[i][0]) for i in present])
+        for i, total in zip(present, sums, strict=True):
+            pairs[i] = (total, pairs[i][1])
+        return pairs
+
+    target.__class__ = type(base.__name__, (base,), {
+        "_all_reduce_sum_gradients": _all_reduce_sum_gradients,
+        "__module__": base.__module__, "__qualname__": base.__qualname__})
+    return optimizer
 
 
 def is_enabled() -> bool:

@@ -62,7 +62,22 @@ class Counts:
 
         model.call = counted
 
-    def count_allreduces(self, hvd) -> None:  # type: ignore[no-untyped-def]
+    def count_allreduces(self, strategy) -> None:  # type: ignore[no-untyped-def]
+        """Counts the gradient all-reduces: Horovod's grouped ones, or the shared-memory
+        exchange's (its NumPy function runs once per execution)."""
+        node = getattr(getattr(strategy, "reduce", None), "node", None)
+        if node is not None:
+            exchange = node.all_reduce
+
+            def counted_exchange(*args, **kwargs):  # type: ignore[no-untyped-def]
+                self.exchanges += 1
+                return exchange(*args, **kwargs)
+
+            node.all_reduce = counted_exchange
+            return
+        if not hasattr(strategy, "comm"):
+            return
+        hvd = strategy.comm.hvd
         grouped = hvd.grouped_allreduce
 
         def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -71,8 +86,12 @@ class Counts:
 
         hvd.grouped_allreduce = counted
 
+    exchanges = 0
+
     def to_dict(self) -> dict[str, int]:
-        return {name: int(v.numpy()) for name, v in self.values.items()}
+        counts = {name: int(v.numpy()) for name, v in self.values.items()}
+        counts["allreduces"] += self.exchanges
+        return counts
 
 
 def main() -> None:
@@ -83,12 +102,14 @@ def main() -> None:
     parser.add_argument("--cpu_replicas", type=int, default=0)
     parser.add_argument("--ddl_local_size", type=int, default=0)
     parser.add_argument("--grad_accum_steps", type=int, default=1)
+    parser.add_argument("--node_exchange", default="auto")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cfg = TrainConfig(model="tiny_cnn", strategy=args.strategy, batch_size=args.batch,
                       image_size=SHAPE[0], input_channels=SHAPE[2], num_classes=CLASSES,
                       cpu_replicas=args.cpu_replicas, ddl_local_size=args.ddl_local_size,
-                      grad_accum_steps=args.grad_accum_steps, model_dir=args.out)
+                      grad_accum_steps=args.grad_accum_steps, model_dir=args.out,
+                      node_exchange=args.node_exchange)
     configure_runtime(cfg)
     with running(create(cfg)) as strategy:
         micro = args.grad_accum_steps
@@ -99,8 +120,7 @@ def main() -> None:
             (x[:, lo:lo + per_process], y[:, lo:lo + per_process]))
         keras.utils.set_random_seed(100 + strategy.rank)
         counts = Counts()
-        if hasattr(strategy, "comm"):  # the Horovod-based strategies
-            counts.count_allreduces(strategy.comm.hvd)
+        counts.count_allreduces(strategy)
         with strategy.scope():
             model = tiny_cnn(SHAPE, CLASSES)
             optimizer = strategy.wrap_optimizer(keras.optimizers.SGD(0.5))
@@ -114,7 +134,8 @@ def main() -> None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         np.savez(Path(args.out) / f"rank{strategy.rank}.npz",
                  *[np.asarray(w) for w in model.get_weights()])
-        (Path(args.out) / f"rank{strategy.rank}.json").write_text(json.dumps(counts.to_dict()))
+        (Path(args.out) / f"rank{strategy.rank}.json").write_text(
+            json.dumps({**counts.to_dict(), "describe": strategy.describe()}))
 
 
 if __name__ == "__main__":

@@ -187,14 +187,36 @@ def register_process_sets(hvd: ModuleType, topology: Topology) -> tuple[Any, Any
     return node_sets[topology.node_index], cross_sets[topology.local_index]
 
 
+def use_shared_memory(mode: str, local_size: int) -> bool:
+    """Whether the processes of a node exchange through shared memory: ``mode`` is
+    ``--node_exchange`` ("auto", "shared_memory" or "collectives") and ``local_size`` the
+    number of processes on the node. "auto" takes it on CPU-only x86-64 nodes.
+
+    Raises:
+        ValueError: for "shared_memory" where it cannot work, saying why.
+    """
+    if mode == "collectives" or local_size == 1:
+        return False
+    why_not = shared_memory.available()
+    if mode == "shared_memory" and why_not:
+        raise ValueError(f"--node_exchange=shared_memory cannot run here: {why_not}; "
+                         "use --node_exchange=collectives")
+    if why_not:
+        return False
+    if mode == "auto":
+        import tensorflow as tf
+
+        return not tf.config.list_physical_devices("GPU")
+    return True
+
+
 def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
                   timeout_s: float = 0.0) -> shared_memory.NodeExchange | None:
     """The shared-memory exchange of this process's node, or None where the node phases stay
-    on Horovod (``mode`` "collectives", one process per node, or "auto" on a node with GPUs or
-    without x86-64 shared memory). A collective: every process must call it.
+    on Horovod (:func:`use_shared_memory` says no). A collective: every process must call it.
 
     Args:
-        mode: "auto", "shared_memory" or "collectives" (``--ddl_node_exchange``).
+        mode: "auto", "shared_memory" or "collectives" (``--node_exchange``).
         timeout_s: how long a process waits for the others of its node (0: 600 s).
 
     Raises:
@@ -204,19 +226,19 @@ def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
 
     # Every process takes part in the token's broadcast, whatever it decides, so the job's
     # collectives stay matched.
-    token = int(hvd.broadcast(tf.constant([int.from_bytes(os.urandom(6), "little")], tf.int64),
+    token = int(hvd.broadcast(tf.constant([new_token()], tf.int64),
                               root_rank=0, name="tfscale.ddl.node_exchange").numpy()[0])
-    if mode == "collectives" or topology.local_size == 1:
-        return None
-    why_not = shared_memory.available()
-    if mode == "shared_memory" and why_not:
-        raise ValueError(f"--ddl_node_exchange=shared_memory cannot run here: {why_not}; "
-                         "use --ddl_node_exchange=collectives")
-    if mode == "auto" and (why_not or tf.config.list_physical_devices("GPU")):
+    if not use_shared_memory(mode, topology.local_size):
         return None
     return shared_memory.NodeExchange(f"{token:012x}-node{topology.node_index}",
                                       topology.local_index, topology.local_size,
-                                      timeout_s or 600.0)
+                                      timeout_s or 600.0, ranks=topology.node_ranks)
+
+
+def new_token() -> int:
+    """A random 48-bit number: rank 0's names the job's shared-memory segments (exact in a
+    float64 too, for collectives that carry only floats)."""
+    return int.from_bytes(os.urandom(6), "little")
 
 
 def fuse(tensors: Sequence[Any], multiple: int) -> Any:
@@ -252,7 +274,8 @@ class HierarchicalAllReduce:
     down first aborts the other's exchange.
 
     Attributes:
-        hvd: ``horovod.tensorflow``.
+        hvd: ``horovod.tensorflow``; None for a job on one node that exchanges only through
+            shared memory (:meth:`on_one_node`).
         topology: the node layout.
         node_set: process set of this node (phases 1 and 3), None when they are skipped.
         cross_set: process set across nodes (phase 2), None when it is skipped.
@@ -265,7 +288,7 @@ class HierarchicalAllReduce:
             gradient reduction sets it). Saves a copy of every gradient per step.
     """
 
-    hvd: ModuleType
+    hvd: ModuleType | None
     topology: Topology
     node_set: Any
     cross_set: Any
@@ -295,12 +318,22 @@ class HierarchicalAllReduce:
         node = node_exchange(hvd, topology, node_exchange_mode, timeout_s)
         return cls(hvd, topology, node_set, cross_set, compression, node=node)
 
+    @classmethod
+    def on_one_node(cls, node: shared_memory.NodeExchange, compression: bool = False,
+                    name: str = "tfscale.node", transient: bool = False,
+                    ) -> HierarchicalAllReduce:
+        """The all-reduce of a job whose processes all run on one node, wholly through the
+        shared-memory exchange ``node`` (no Horovod): phase 2 has nothing to do there. The
+        ``horovod`` and ``multiworker`` strategies use it on CPU nodes."""
+        topology = Topology.regular(node.size, node.size, node.index)
+        return cls(None, topology, None, None, compression, name, node, transient)
+
     @property
     def node_transport(self) -> str:
         """What carries phases 1 and 3: "shared memory", "Horovod collectives" or "" (skipped)."""
-        if self.node_set is None:
-            return ""
-        return "shared memory" if self.node is not None else "Horovod collectives"
+        if self.node is not None:
+            return "shared memory"
+        return "" if self.node_set is None else "Horovod collectives"
 
     def __call__(self, tensors: Sequence[Any]) -> list[Any]:
         """The element-wise means of ``tensors`` over all processes."""
@@ -339,6 +372,7 @@ class HierarchicalAllReduce:
         import tensorflow as tf
 
         hvd, dtype, length = self.hvd, buffer.dtype, buffer.shape[0]
+        assert hvd is not None, "without Horovod, only the shared-memory exchange runs"
         if self.compression and dtype.is_floating:
             buffer = tf.cast(buffer, tf.float16)
         name = f"{self.name}.{tag}"
@@ -372,6 +406,7 @@ class HierarchicalAllReduce:
         else:
             chunk = tf.numpy_function(node.reduce_scatter, values, wire, stateful=True,
                                       name=f"{name}_node_reducescatter")
+            assert self.hvd is not None, "a cross-node phase runs on Horovod"
             chunk = self.hvd.allreduce(chunk, op=self.hvd.Sum, name=f"{self.name}.{dtype.name}"
                                        ".allreduce", process_set=self.cross_set)
             outs = tf.numpy_function(functools.partial(node.all_gather, divisor=divisor,

@@ -217,11 +217,14 @@ class NodeExchange:
         timeout_s: how long to wait for the other processes before raising
             :class:`PeerTimeout` (a peer that died or stalled).
         directory: where the segments' files are made (``/dev/shm``).
+        ranks: each local index's rank in the job, for error messages (default: the local
+            indices themselves).
     """
 
     def __init__(self, key: str, index: int, size: int, timeout_s: float = 600.0,
-                 directory: Path = SHM_DIR) -> None:
+                 directory: Path = SHM_DIR, ranks: Sequence[int] = ()) -> None:
         self.key, self.index, self.size, self.timeout_s = key, index, size, timeout_s
+        self.ranks = tuple(ranks) or tuple(range(size))
         self.directory = directory
         self._segments: dict[tuple[str, tuple[tuple[int, ...], ...]], _Segment] = {}
         self._last: _Segment | None = None
@@ -261,17 +264,22 @@ class NodeExchange:
                 deadline, check = now + self.timeout_s, now + _LIVENESS_S
             elif now > deadline:
                 raise PeerTimeout(
-                    f"shared-memory exchange: local process(es) {behind.tolist()} of this node "
-                    f"did not {what} within {self.timeout_s:g} s (a peer died or stalled)")
+                    f"shared-memory exchange: {self._who(behind)} of this node did not {what} "
+                    f"within {self.timeout_s:g} s (a peer died or stalled)")
             elif pids is not None and now > check:
                 check = now + _LIVENESS_S
                 gone = [int(i) for i in behind if not _alive(int(pids[i]))]
                 if gone:
                     raise PeerTimeout(
-                        f"shared-memory exchange: local process(es) {gone} of this node (pid "
+                        f"shared-memory exchange: {self._who(gone)} of this node (pid "
                         f"{', '.join(str(int(pids[i])) for i in gone)}) exited before they "
                         f"could {what} (a peer died)")
             time.sleep(_SLEEP_S)
+
+    def _who(self, indices: Sequence[int] | np.ndarray) -> str:
+        """"rank(s) [3] (local process(es) [1])": the job's ranks of local ``indices``."""
+        local = [int(i) for i in indices]
+        return f"rank(s) {[self.ranks[i] for i in local]} (local process(es) {local})"
 
     def reduce_scatter(self, *tensors: np.ndarray) -> np.ndarray:
         """Chunk ``index`` of the node's sum of ``tensors`` laid out in one buffer (a copy);

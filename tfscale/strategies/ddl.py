@@ -30,7 +30,6 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
-from tfscale.collectives.optimizer import with_gradient_reduction
 from tfscale.strategies.horovod import HorovodStrategy
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ DDL_STRATEGY = "ddl"
 class DDLStrategy(HorovodStrategy):
     """IBM DDL's model on Horovod: learners, DDL callbacks, hierarchical all-reduce."""
 
-    owned_flags = (*HorovodStrategy.owned_flags, "ddl_local_size", "ddl_node_exchange")
+    owned_flags = (*HorovodStrategy.owned_flags, "ddl_local_size")
 
     @classmethod
     def ranks_per_node(cls, config: TrainConfig) -> int:
@@ -58,15 +57,13 @@ class DDLStrategy(HorovodStrategy):
         self.apply_environment()
         start_horovod()
         super().setup()
-        # Transient: the optimizer applies the reduced gradients within the step.
-        self.reduce = dataclasses.replace(HierarchicalAllReduce.create(
-            self.config.ddl_local_size, compression=self.config.fp16_allreduce,
-            node_exchange_mode=self.config.ddl_node_exchange,
-            timeout_s=self.config.collective_timeout_s), transient=True)
 
-    def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-        return with_gradient_reduction(optimizer, self.reduce,
-                                       gradient_lag=self.config.gradient_lag)
+    def gradient_reduction(self) -> HierarchicalAllReduce:
+        # Transient: the optimizer applies the reduced gradients within the step.
+        return dataclasses.replace(HierarchicalAllReduce.create(
+            self.config.ddl_local_size, compression=self.config.fp16_allreduce,
+            node_exchange_mode=self.config.node_exchange,
+            timeout_s=self.config.collective_timeout_s), transient=True)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         from tfscale.callbacks import BroadcastInitialState, DDLMetricSync
@@ -80,6 +77,7 @@ class DDLStrategy(HorovodStrategy):
             lr = f"learning rate x{factor} (--lr_scaling=linear)"
         else:
             lr = "learning rate not scaled (DDL scales it by the learners: --lr_scaling=linear)"
+        assert self.reduce is not None
         transport = self.reduce.node_transport
         node = f" (inside a node: {transport})" if transport else ""
         return (f"{self.config.strategy}: {self.size} learner(s) on "

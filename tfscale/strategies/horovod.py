@@ -5,7 +5,10 @@ Horovod's own Keras layer does not support Keras 3; the strategy uses tfscale's 
 
 - gradients are averaged by one ``grouped_allreduce`` (Horovod fuses the group into few
   buffers: tensor fusion) inside the optimizer's ``apply``, which Keras 3 traces into the
-  training function (:func:`tfscale.collectives.DistributedOptimizer`);
+  training function (:func:`tfscale.collectives.DistributedOptimizer`); when every rank runs on
+  one CPU-only x86-64 node, through a shared-memory segment instead (``--node_exchange``,
+  :mod:`tfscale.collectives.shared_memory`): Gloo carries a node's exchange over loopback TCP,
+  four times slower for an ``mlp``'s 7.4 MB (bench/RESULTS.md);
 - initial weights and optimizer state are broadcast from rank 0;
 - logged metrics are averaged across workers at the end of each epoch.
 
@@ -21,8 +24,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from tfscale.collectives.hierarchical import HierarchicalAllReduce, Topology, node_exchange
 from tfscale.collectives.horovod import HorovodCollectives, check_installed
-from tfscale.collectives.optimizer import DistributedOptimizer
+from tfscale.collectives.optimizer import DistributedOptimizer, with_gradient_reduction
 from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
 
 if TYPE_CHECKING:
@@ -87,7 +91,7 @@ class HorovodStrategy(Strategy):
     job_launchers = ALL_JOB_LAUNCHERS | {"ddlrun"}
     # The lag lives in the optimizer's gradient exchange, which only these strategies own;
     # tf.distribute's all-reduce runs inside Keras's step, where it cannot be deferred.
-    owned_flags: ClassVar[tuple[str, ...]] = ("gradient_lag",)
+    owned_flags: ClassVar[tuple[str, ...]] = ("gradient_lag", "node_exchange")
     tuning_flags = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms",
                     "horovod_timeline", "horovod_autotune")
 
@@ -129,6 +133,34 @@ class HorovodStrategy(Strategy):
         self.comm = HorovodCollectives()
         self._check_size()
         pin_gpu(self.local_rank)
+        self.reduce = self.gradient_reduction()
+
+    def gradient_reduction(self) -> HierarchicalAllReduce | None:
+        """The gradients' all-reduce when it is not Horovod's ``grouped_allreduce``: shared
+        memory when all ranks run on one node and ``--node_exchange`` takes it. A collective
+        (every rank must call it).
+
+        Raises:
+            ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
+        """
+        hvd, mode = self.comm.hvd, self.config.node_exchange
+        if self.size == 1:
+            return None
+        if int(hvd.cross_size()) > 1:
+            if mode == "shared_memory":
+                raise ValueError(
+                    f"--node_exchange=shared_memory: --strategy={self.config.strategy} "
+                    f"exchanges through shared memory only when all {self.size} ranks run on "
+                    f"one node, and this job spans {int(hvd.cross_size())}; --strategy=ddl uses "
+                    "it inside each node")
+            return None
+        node = node_exchange(hvd, Topology.regular(self.size, self.size, self.rank), mode,
+                             self.config.collective_timeout_s)
+        if node is None:
+            return None
+        # Transient: the optimizer applies the reduced gradients within the step.
+        return HierarchicalAllReduce.on_one_node(node, self.config.fp16_allreduce,
+                                                 "tfscale.horovod", transient=True)
 
     def apply_environment(self) -> None:
         """Sets :meth:`environment`'s variables, and Horovod's cycle time for CPU training
@@ -176,10 +208,17 @@ class HorovodStrategy(Strategy):
         return int(self.comm.hvd.local_size())
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+        if self.reduce is not None:
+            return with_gradient_reduction(optimizer, self.reduce,
+                                           gradient_lag=self.config.gradient_lag)
         compression = self.comm.hvd.Compression
         return DistributedOptimizer(optimizer, compression=compression.fp16
                                     if self.config.fp16_allreduce else compression.none,
                                     gradient_lag=self.config.gradient_lag)
+
+    def describe(self) -> str:
+        via = "shared memory" if self.reduce is not None else "Horovod's transport"
+        return f"{super().describe()}; gradients through {via}"
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         # Imported here: the callbacks load Keras, which reading the class (--help, job
