@@ -31,6 +31,10 @@ def test_one_step_equals_single_process_on_combined_batch(exchange: str, transpo
     assert counts["allreduces"] == 1
     single = reference(tmp_path / "ref", batch=8)
     assert max_abs_diff(distributed, single) < 1e-5
+    # The logged loss is the workers' mean: the loss of the combined batch.
+    logged = [json.loads((tmp_path / run / "rank0.json").read_text())["loss"]
+              for run in ("hvd", "ref")]
+    assert logged[0] == pytest.approx(logged[1], abs=1e-5)
 
 
 def test_workers_stay_identical_over_several_steps(tmp_path: Path) -> None:

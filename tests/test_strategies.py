@@ -42,7 +42,8 @@ def _multiworker_shared_memory(out: Path, steps: int, batch: int) -> list:
     weights = _multiworker(out, steps, batch, "shared_memory")
     counts = json.loads((out / "rank0.json").read_text())
     assert counts["describe"].endswith("gradients through shared memory"), counts["describe"]
-    assert counts["allreduces"] == steps, "one shared-memory exchange per step"
+    assert counts["allreduces"] == 2 * steps, "per step, one exchange of the gradients and " \
+                                              "one of the logged scalars"
     return weights
 
 
@@ -53,6 +54,10 @@ def test_one_step_equals_single_device_on_combined_batch(run, tmp_path: Path) ->
     distributed = run(tmp_path / "dist", steps=1, batch=4)
     single = reference(tmp_path / "ref", batch=8)
     assert max_abs_diff(distributed, single) < 1e-5
+    # The logged loss is the workers' mean: the loss of the combined batch.
+    logged = [json.loads((tmp_path / run / "rank0.json").read_text())["loss"]
+              for run in ("dist", "ref")]
+    assert logged[0] == pytest.approx(logged[1], abs=1e-5)
 
 
 @pytest.mark.parametrize("run", [_mirrored, _multiworker], ids=["mirrored", "multiworker"])

@@ -81,7 +81,13 @@ def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
         scalars = [i for i, v in enumerate(flat) if v.shape.rank == 0]
         out = [v if i in scalars else strategy.reduce("MEAN", v, axis=0)
                for i, v in enumerate(flat)]
-        if scalars:
+        mean = _log_means.get(id(strategy))
+        if scalars and mean is not None:
+            local = [strategy.experimental_local_results(flat[i])[0] for i in scalars]
+            means = mean([tf.cast(v, tf.float32) for v in local])
+            for i, v, m in zip(scalars, local, means, strict=True):
+                out[i] = tf.cast(m, v.dtype)
+        elif scalars:
             # One collective for all the logged scalars (strategy.reduce would run one per
             # value, each a round trip between the workers, every step).
             device = (device_util.current() or strategy.extended._default_device
@@ -92,6 +98,23 @@ def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
                 out[i] = strategy.experimental_local_results(mean)[0]
         return keras.tree.pack_sequence_as(values, out)
     return _originals["reduce_per_replica"](values, strategy, reduction)
+
+
+# Strategies (by id) whose logged scalars are averaged by another all-reduce than theirs.
+_log_means: dict[int, Callable[[list[tf.Tensor]], list[tf.Tensor]]] = {}
+
+
+def average_logs_with(strategy: tf.distribute.Strategy,
+                      mean: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None) -> None:
+    """Makes the fix average ``strategy``'s logged scalars with ``mean`` (this process's
+    float32 values in, their means over all workers out) instead of the strategy's collective,
+    or, with None, with the strategy's collective again. Only for one replica per process.
+    The ``multiworker`` strategy passes its shared-memory all-reduce: a gRPC round trip per
+    step was 1.4 ms of an ``mlp`` step of 12 with two workers."""
+    if mean is None:
+        _log_means.pop(id(strategy), None)
+    else:
+        _log_means[id(strategy)] = mean
 
 
 def sum_gradients_with(optimizer: keras.optimizers.Optimizer,

@@ -129,13 +129,15 @@ def main() -> None:
             accumulate_gradients(model, micro)
             strategy.prepare_model(model)
         counts.count_forward(model)
-        model.fit(strategy.distribute_dataset(data), epochs=1, steps_per_epoch=args.steps,
-                  callbacks=strategy.callbacks(), verbose=0, shuffle=False)
+        history = model.fit(strategy.distribute_dataset(data), epochs=1,
+                            steps_per_epoch=args.steps, callbacks=strategy.callbacks(),
+                            verbose=0, shuffle=False)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         np.savez(Path(args.out) / f"rank{strategy.rank}.npz",
                  *[np.asarray(w) for w in model.get_weights()])
         (Path(args.out) / f"rank{strategy.rank}.json").write_text(
-            json.dumps({**counts.to_dict(), "describe": strategy.describe()}))
+            json.dumps({**counts.to_dict(), "describe": strategy.describe(),
+                        "loss": history.history["loss"][-1]}))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ When every worker runs on one CPU-only x86-64 machine (``--num_processes N``, or
 whose workers share a host), the gradients are summed through a shared-memory segment
 (``--node_exchange``, :mod:`tfscale.collectives.shared_memory`) instead of TensorFlow's gRPC
 ring, which carries them over loopback TCP: for an ``mlp``'s 7.4 MB between two workers, 15.6 ms
-against the step's 5.3 ms of compute (bench/RESULTS.md). The step's other collectives (logged
-metrics, ``--sync_bn``) stay TensorFlow's.
+against the step's 5.3 ms of compute (bench/RESULTS.md). So are the logged scalars of each
+training and evaluation step (averaged for the logs); ``--sync_bn``'s sums stay on TensorFlow's
+collectives.
 
 A cluster of one worker with at most one local device has nothing to exchange. There the
 strategy runs under TensorFlow's default strategy, whose step is the plain one: under
@@ -135,6 +136,9 @@ class MultiWorkerStrategy(TFDistributeStrategy):
                 communication_options=options)
         self._patches.enter_context(keras_fix.enabled())
         self.reduce = self._shared_memory_reduce(workers)
+        if self.reduce is not None:
+            # The step's logged scalars too: one gRPC round trip fewer per step.
+            keras_fix.average_logs_with(self.tf_strategy, self.reduce)
 
     def _shared_memory_reduce(self, workers: list[str]) -> HierarchicalAllReduce | None:
         """The gradients' all-reduce through shared memory where ``--node_exchange`` takes it
@@ -176,6 +180,10 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         return sum_gradients_with(optimizer, self.reduce.sum)
 
     def teardown(self) -> None:
+        if self.reduce is not None:
+            from tfscale import multiworker as keras_fix
+
+            keras_fix.average_logs_with(self.tf_strategy, None)
         if hasattr(self, "_patches"):
             self._patches.close()
 
