@@ -81,7 +81,14 @@ def pin_gpu(local_rank: int) -> None:
 
 
 class HorovodStrategy(Strategy):
-    """Horovod: one process per replica, fused all-reduce of gradients (Gloo or MPI)."""
+    """Horovod: one process per replica, fused all-reduce of gradients (Gloo or MPI).
+
+    Attributes:
+        reduce: the gradients' all-reduce when it is not Horovod's ``grouped_allreduce``
+            (shared memory on one node; ddl's hierarchical one), else None.
+    """
+
+    reduce: HierarchicalAllReduce | None = None
 
     launcher = Launcher.HOROVOD
     # Horovod's XLA ops are left out of the build (see BUILD.md), so the all-reduce cannot be
