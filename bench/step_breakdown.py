@@ -24,7 +24,8 @@ same run. Everything alternates over ``--rounds``; figures are means.
     python -m bench.step_breakdown [--rounds 2 --steps 200
                                     --strategies horovod,ddl,multiworker,horovod_collectives,...]
 
-About 8 minutes on 2 cores with 2 rounds.
+About 11 minutes on 2 cores with 2 rounds (6 runs: 3 strategies, each with and without shared
+memory).
 """
 
 from __future__ import annotations
