@@ -228,6 +228,13 @@ def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
     # collectives stay matched.
     token = int(hvd.broadcast(tf.constant([new_token()], tf.int64),
                               root_rank=0, name="tfscale.ddl.node_exchange").numpy()[0])
+    return node_exchange_for(token, topology, mode, timeout_s)
+
+
+def node_exchange_for(token: int, topology: Topology, mode: str = "auto",
+                      timeout_s: float = 0.0) -> shared_memory.NodeExchange | None:
+    """:func:`node_exchange` once the job agrees on ``token`` (rank 0's :func:`new_token`),
+    for strategies that broadcast it with their own collectives. Not a collective itself."""
     if not use_shared_memory(mode, topology.local_size):
         return None
     return shared_memory.NodeExchange(f"{token:012x}-node{topology.node_index}",

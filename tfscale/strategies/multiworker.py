@@ -29,8 +29,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from tfscale import cluster_env
-from tfscale.collectives.hierarchical import HierarchicalAllReduce, new_token, use_shared_memory
-from tfscale.collectives.shared_memory import NodeExchange
+from tfscale.collectives.hierarchical import (
+    HierarchicalAllReduce,
+    Topology,
+    new_token,
+    node_exchange_for,
+)
 from tfscale.keras_version import check_keras_version
 from tfscale.strategies.base import Launcher
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
@@ -165,10 +169,10 @@ class MultiWorkerStrategy(TFDistributeStrategy):
             return None
         # Rank 0's token names the segment; every worker takes part in its broadcast.
         token = int(self.broadcast([float(new_token())], root=0)[0])
-        if not use_shared_memory(mode, self._size):
+        node = node_exchange_for(token, Topology.regular(self._size, self._size, self._rank),
+                                 mode, self.config.collective_timeout_s)
+        if node is None:
             return None
-        node = NodeExchange(f"{token:012x}-mwms", self._rank, self._size,
-                            self.config.collective_timeout_s or 600.0)
         return HierarchicalAllReduce.on_one_node(node, name="tfscale.multiworker",
                                                  transient=True)
 
