@@ -3,6 +3,7 @@ and how the ddl strategy chooses it."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from tfscale.collectives import shared_memory
-from tfscale.collectives.hierarchical import Topology, node_exchange
+from tfscale.collectives.hierarchical import HierarchicalAllReduce, Topology, node_exchange
 from tfscale.collectives.shared_memory import NodeExchange, PeerTimeout
 from tfscale.errors import describe_peer_failure
 
@@ -39,11 +40,17 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
     # (the cross-node sum of two identical nodes), then the mean over 4 processes.
     chunk = exchange.reduce_scatter(*inputs(index)[0])
     outs.append([o.copy() for o in exchange.all_gather(chunk * 2, divisor=4)])
+    rows = exchange.gather(host_values(index))
     left = sorted(p.name for p in Path(directory).iterdir())
-    queue.put((index, outs, left))
+    queue.put((index, outs, left, rows))
 
 
-def run_node(size: int, directory: Path) -> dict[int, tuple[list[Any], list[str]]]:
+def host_values(index: int) -> np.ndarray:
+    """What process ``index`` gathers: a NaN or an infinity must reach the others as it is."""
+    return np.array([index, np.nan if index == 1 else np.inf, -0.5 * index])
+
+
+def run_node(size: int, directory: Path) -> dict[int, tuple[list[Any], list[str], Any]]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     procs = [context.Process(target=_process, args=(i, size, str(directory), queue))
@@ -53,8 +60,8 @@ def run_node(size: int, directory: Path) -> dict[int, tuple[list[Any], list[str]
     try:
         results = {}
         for _ in procs:
-            index, outs, left = queue.get(timeout=60)
-            results[index] = (outs, left)
+            index, outs, left, rows = queue.get(timeout=60)
+            results[index] = (outs, left, rows)
         return results
     finally:
         for p in procs:
@@ -83,7 +90,26 @@ def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
         for i in range(size):
             np.testing.assert_allclose(results[i][0][-1][t], expected, rtol=1e-6)
     # Each segment's file is removed once all processes have mapped it.
-    assert all(left == [] for _, left in results.values()), results
+    assert all(left == [] for _, left, _ in results.values()), results
+    # Host values: every process gets every row, in local order, exactly as sent.
+    sent = np.stack([host_values(i) for i in range(size)])
+    for i in range(size):
+        np.testing.assert_array_equal(results[i][2], sent)
+
+
+def test_host_all_reduce_takes_shared_memory_only_when_the_job_is_one_node(
+        tmp_path: Path) -> None:
+    node = NodeExchange("host", 0, 1, directory=tmp_path)
+    one = HierarchicalAllReduce.on_one_node(node)
+    assert one.one_node_shared_memory
+    np.testing.assert_array_equal(one.host_all_reduce([1.0, -2.0], "max"), [1.0, -2.0])
+    with pytest.raises(ValueError, match="all_reduce op 'median'; expected one of"):
+        one.host_all_reduce([1.0], "median")
+    # Several nodes (ddl's hierarchical exchange): the values must cross nodes, which only
+    # the strategy's own transport does.
+    two_nodes = dataclasses.replace(one, topology=Topology.regular(4, 2, 0))
+    assert not two_nodes.one_node_shared_memory and two_nodes.host_all_reduce([1.0]) is None
+    assert dataclasses.replace(one, node=None).host_all_reduce([1.0]) is None
 
 
 def test_transient_results_are_aligned_views_of_two_alternating_buffers(tmp_path: Path) -> None:

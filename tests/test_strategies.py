@@ -6,6 +6,7 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,26 +112,43 @@ def test_multiworker_cluster_from_simulated_slurm_step(tmp_path: Path) -> None:
     assert max_abs_diff(assert_replicas_equal(tmp_path, 2), reference(tmp_path / "ref", 8)) < 1e-5
 
 
-@pytest.mark.parametrize(("flag", "preset", "gpu", "sync_bn", "expected"), [
-    (-1.0, None, False, False, "5"),  # CPU workers: Horovod wakes every 5 ms, not every 1
-    (-1.0, None, True, False, None),  # GPU workers: Horovod's own default
-    (-1.0, None, False, True, None),  # --sync_bn: a sum per layer, each waiting for a cycle
-    (-1.0, "3", False, False, "3"),   # the cluster's variable wins
-    (20.0, "3", False, False, "20"),  # the flag wins over everything
+# Launchers' layouts: (ranks in the job, ranks on this node), as tfscale's launcher sets them.
+ONE_NODE, TWO_NODES, ALONE = (2, 2), (4, 2), (1, 1)
+
+
+@pytest.mark.parametrize(("flag", "preset", "gpu", "sync_bn", "layout", "extra", "expected"), [
+    # CPU workers: Horovod wakes every 5 ms, not every 1, while it carries collectives...
+    (-1.0, None, False, False, ALONE, {}, "5"),
+    (-1.0, None, False, False, TWO_NODES, {}, "5"),
+    (-1.0, None, False, False, ONE_NODE, {"node_exchange": "collectives"}, "5"),
+    (-1.0, None, False, False, ONE_NODE, {"strategy": "ddl", "ddl_local_size": 1}, "5"),
+    # ...and every 50 ms on one node, where shared memory carries everything during training.
+    (-1.0, None, False, False, ONE_NODE, {}, "50"),
+    (-1.0, None, False, False, ONE_NODE, {"strategy": "ddl"}, "50"),
+    (-1.0, None, True, False, ONE_NODE, {}, None),  # GPU workers: Horovod's own default
+    (-1.0, None, False, True, ONE_NODE, {}, None),  # --sync_bn: a sum per layer, each a cycle
+    (-1.0, "3", False, False, ONE_NODE, {}, "3"),   # the cluster's variable wins
+    (20.0, "3", False, False, ONE_NODE, {}, "20"),  # the flag wins over everything
 ])
 def test_horovod_cycle_time_default_fits_cpu_steps(
-        flag: float, preset: str | None, gpu: bool, sync_bn: bool, expected: str | None,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        flag: float, preset: str | None, gpu: bool, sync_bn: bool, layout: tuple[int, int],
+        extra: dict[str, Any], expected: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     from tfscale.config import TrainConfig
     from tfscale.strategies import horovod
+    from tfscale.strategies.ddl import DDLStrategy
 
     monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
     if preset is not None:
         monkeypatch.setenv("HOROVOD_CYCLE_TIME", preset)
+    size, local_size = layout
+    monkeypatch.setenv("TFSCALE_LOCAL_RANK", "0")
+    monkeypatch.setenv("TFSCALE_LOCAL_SIZE", str(local_size))
+    monkeypatch.setenv("HOROVOD_SIZE", str(size))
     monkeypatch.setattr(horovod, "_has_gpu", lambda: gpu)
-    strategy = horovod.HorovodStrategy(TrainConfig(strategy="horovod", cycle_time_ms=flag,
-                                                   sync_bn=sync_bn))
-    strategy.apply_environment()
+    config = TrainConfig(**{"strategy": "horovod", "cycle_time_ms": flag, "sync_bn": sync_bn,
+                            **extra})
+    classes = {"horovod": horovod.HorovodStrategy, "ddl": DDLStrategy}
+    classes[config.strategy](config).apply_environment()
     assert os.environ.get("HOROVOD_CYCLE_TIME") == expected
 
 

@@ -121,9 +121,11 @@ HELP: dict[str, str] = {
     "collectives. --ddl_node_exchange is the old name.",
     "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
     "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
-    "cycle_time_ms": "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else 5 ms on "
-    "workers without a GPU (Horovod's 1 ms wake-ups slow CPU steps) unless --sync_bn (whose "
-    "per-layer sums each wait for a cycle), else Horovod's default.",
+    "cycle_time_ms": "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else, on "
+    "workers without a GPU (Horovod's 1 ms wake-ups slow CPU steps), 50 ms when all ranks run "
+    "on one node and exchange through shared memory (Horovod then carries no collective during "
+    "training) and 5 ms otherwise, unless --sync_bn (whose per-layer sums each wait for a "
+    "cycle); else Horovod's default.",
     "profile_steps": "A:B traces training steps A to B (1-based, inclusive) with TensorFlow's "
     "profiler on the chief, into MODEL_DIR/tensorboard (TensorBoard's profile tab). Empty: off.",
     "horovod_timeline": "Write Horovod's timeline of every collective (negotiation, fusion, "

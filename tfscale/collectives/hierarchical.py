@@ -35,8 +35,11 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from tfscale.collectives import shared_memory
 from tfscale.collectives.horovod import import_horovod
+from tfscale.collectives.interface import check_op, reduce_rows
 
 DYNAMIC_SETS_HINT = (
     "several nodes of several processes need Horovod process sets registered after start-up: "
@@ -341,6 +344,22 @@ class HierarchicalAllReduce:
         if self.node is not None:
             return "shared memory"
         return "" if self.node_set is None else "Horovod collectives"
+
+    @property
+    def one_node_shared_memory(self) -> bool:
+        """The whole job is one node, whose processes exchange through shared memory."""
+        return self.node is not None and self.topology.num_nodes == 1
+
+    def host_all_reduce(self, values: Sequence[float] | np.ndarray,
+                        op: str = "mean") -> np.ndarray | None:
+        """``op`` over every process's host ``values`` (a few numbers: stop flags, logs,
+        evaluation sums) through the shared-memory segment, when the whole job is this one
+        node; None otherwise, for the caller's own transport. Every process gets the same
+        result: each reduces the same gathered rows in the same order."""
+        if self.node is None or not self.one_node_shared_memory:
+            return None
+        check_op(op)
+        return reduce_rows(self.node.gather(np.asarray(values, np.float64).reshape(-1)), op)
 
     def __call__(self, tensors: Sequence[Any]) -> list[Any]:
         """The element-wise means of ``tensors`` over all processes."""

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
     import keras
+
+
+# The reductions of host collectives, applied to every process's values gathered as rows.
+REDUCERS: dict[str, Callable[..., Any]] = {
+    "mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
+
+
+def check_op(op: str) -> None:
+    """Raises ValueError unless ``op`` is one of :data:`REDUCERS` (call before the collective,
+    so that a bad op fails without waiting for the other processes)."""
+    if op not in REDUCERS:
+        raise ValueError(f"all_reduce op {op!r}; expected one of {sorted(REDUCERS)}")
+
+
+def reduce_rows(rows: np.ndarray, op: str) -> np.ndarray:
+    """``op`` over the rows of ``rows`` (one row per process, in rank order)."""
+    check_op(op)
+    return np.asarray(REDUCERS[op](rows, axis=0), dtype=np.float64)
 
 
 class Collectives(Protocol):

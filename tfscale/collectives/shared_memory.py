@@ -297,10 +297,23 @@ class NodeExchange:
         segment, self._last = self._last, None
         return segment.all_gather(divisor, chunk, copy)
 
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        """Every process's ``values`` (1-D) as the rows of a (size, n) array, in local index
+        order: the node's sum of arrays that hold each process's values in its own row and
+        zeros in the others. Adding zeros is exact, so each row arrives as it was sent (NaN
+        and infinities included), and host collectives of any reduction are built on it."""
+        rows = np.zeros((self.size, values.size), values.dtype)
+        rows[self.index] = values
+        return self._all_reduce((rows,))[0]
+
     def all_reduce(self, *tensors: np.ndarray, divisor: int = 1,
                    copy: bool = True) -> list[np.ndarray]:
         """The node's sums of ``tensors``, divided by ``divisor``; ``copy=False``: views of a
         buffer that the call after next overwrites."""
+        return self._all_reduce(tensors, divisor, copy)
+
+    def _all_reduce(self, tensors: Sequence[np.ndarray], divisor: int = 1,
+                    copy: bool = True) -> list[np.ndarray]:
         segment = self._segment(tensors)
         segment.reduce_scatter(tensors)
         return segment.all_gather(divisor, copy=copy)

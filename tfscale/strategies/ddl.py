@@ -68,7 +68,7 @@ class DDLStrategy(HorovodStrategy):
     def callbacks(self) -> list[keras.callbacks.Callback]:
         from tfscale.callbacks import BroadcastInitialState, DDLMetricSync
 
-        return [DDLMetricSync(self.comm), BroadcastInitialState(self.comm)]
+        return [DDLMetricSync(self), BroadcastInitialState(self.comm)]
 
     def describe(self) -> str:
         if self.config.lr_scaling == "linear":

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from tfscale.collectives.hierarchical import HierarchicalAllReduce, Topology, node_exchange
+from tfscale import cluster_env
+from tfscale.collectives.hierarchical import (
+    HierarchicalAllReduce,
+    Topology,
+    node_exchange,
+    use_shared_memory,
+)
 from tfscale.collectives.horovod import HorovodCollectives, check_installed
 from tfscale.collectives.optimizer import DistributedOptimizer, with_gradient_reduction
 from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
@@ -56,10 +62,17 @@ def gpu_for_local_rank(local_rank: int, num_gpus: int) -> int | None:
 
 
 # Horovod's background thread wakes every cycle (1 ms by default, tuned for GPU steps) and
-# coordinates with the other ranks each time. A CPU worker computes on the same cores, so the
-# wake-ups slow its steps; 5 ms cost nothing on a 20 ms mlp step and made ResNet-50's
-# 2-second steps 9% faster (bench/RESULTS.md, "Defaults"). Longer cycles delay short steps.
+# coordinates with the other ranks each time, even with nothing to send. A CPU worker computes
+# on the same cores, so the wake-ups slow its steps: two idle ranks here each used 6% of a core
+# at 1 ms, 2-7% at 5 ms, 1.2% at 20 ms and 0.9% at 50 ms. 5 ms made ResNet-50's 2-second steps
+# 9% faster than 1 ms (bench/RESULTS.md, "Defaults"); longer cycles delay every collective
+# that Horovod carries during training.
 CPU_CYCLE_TIME_MS = 5.0
+# When every rank is on one node and exchanges through shared memory, Horovod carries no
+# collective during training (gradients and host values take the segment), only start-up
+# broadcasts, so its cycle can be long: the README command (ResNet-50) ran at 9.51, 9.66 and
+# 9.84 images/s with 5, 20 and 50 ms (3 alternating rounds).
+SHARED_MEMORY_CYCLE_TIME_MS = 50.0
 
 
 def _has_gpu() -> bool:
@@ -89,6 +102,8 @@ class HorovodStrategy(Strategy):
     """
 
     reduce: HierarchicalAllReduce | None = None
+    # Set by apply_environment: it chose the shared-memory cycle time.
+    _long_cycle = False
 
     launcher = Launcher.HOROVOD
     # Horovod's XLA ops are left out of the build (see BUILD.md), so the all-reduce cannot be
@@ -141,6 +156,7 @@ class HorovodStrategy(Strategy):
         self._check_size()
         pin_gpu(self.local_rank)
         self.reduce = self.gradient_reduction()
+        self._check_long_cycle()
 
     def gradient_reduction(self) -> HierarchicalAllReduce | None:
         """The gradients' all-reduce when it is not Horovod's ``grouped_allreduce``: shared
@@ -177,7 +193,32 @@ class HorovodStrategy(Strategy):
         # Not with --sync_bn: its per-layer sums run one after another, each waiting for a cycle.
         if (self.config.cycle_time_ms < 0 and "HOROVOD_CYCLE_TIME" not in os.environ
                 and not self.config.sync_bn and not _has_gpu()):
-            os.environ["HOROVOD_CYCLE_TIME"] = f"{CPU_CYCLE_TIME_MS:g}"
+            self._long_cycle = self._one_node_shared_memory()
+            cycle = SHARED_MEMORY_CYCLE_TIME_MS if self._long_cycle else CPU_CYCLE_TIME_MS
+            os.environ["HOROVOD_CYCLE_TIME"] = f"{cycle:g}"
+
+    def _one_node_shared_memory(self) -> bool:
+        """Whether, by the launcher's variables, every rank runs on this node (no
+        ``--ddl_local_size`` groups) and ``--node_exchange`` will take shared memory: then
+        Horovod carries only start-up collectives."""
+        env = cluster_env.this_process()
+        groups = self.config.ddl_local_size
+        if env.size < 2 or env.local_size != env.size or 0 < groups < env.size:
+            return False
+        try:
+            return use_shared_memory(self.config.node_exchange, env.local_size)
+        except ValueError:  # an explicit mode that cannot run: gradient_reduction says why
+            return False
+
+    def _check_long_cycle(self) -> None:
+        """Warns when the long cycle was chosen for a job that Horovod carries after all."""
+        if (self._long_cycle
+                and (self.reduce is None or not self.reduce.one_node_shared_memory)):
+            warnings.warn(
+                f"Horovod's cycle time was set to {SHARED_MEMORY_CYCLE_TIME_MS:g} ms for a job "
+                "on one node that exchanges through shared memory, but Horovod carries this "
+                "job's collectives (it found several nodes): each waits up to a cycle; set "
+                f"--cycle_time_ms={CPU_CYCLE_TIME_MS:g}", stacklevel=2)
 
     def _check_size(self) -> None:
         expected = self.config.num_processes
@@ -232,10 +273,13 @@ class HorovodStrategy(Strategy):
         # scripts) does not need.
         from tfscale.callbacks import BroadcastInitialState, MetricAverage
 
-        return [BroadcastInitialState(self.comm), MetricAverage(self.comm)]
+        return [BroadcastInitialState(self.comm), MetricAverage(self)]
 
     def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
-        return self.comm.all_reduce(values, op)
+        # On one node with shared memory, host collectives stay off Horovod too, so that
+        # Horovod has nothing to do per step (see apply_environment).
+        out = None if self.reduce is None else self.reduce.host_all_reduce(values, op)
+        return self.comm.all_reduce(values, op) if out is None else out
 
     def broadcast(self, values: Sequence[float] | np.ndarray, root: int = 0) -> np.ndarray:
         return self.comm.broadcast(values, root)

@@ -25,8 +25,10 @@ import contextlib
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tfscale import cluster_env
 from tfscale.collectives.hierarchical import (
@@ -182,6 +184,12 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         from tfscale.multiworker import sum_gradients_with
 
         return sum_gradients_with(optimizer, self.reduce.sum)
+
+    def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
+        # With shared memory, the host collectives (the guard's flags, evaluation sums) take
+        # it too instead of a gRPC round trip.
+        out = None if self.reduce is None else self.reduce.host_all_reduce(values, op)
+        return super().all_reduce(values, op) if out is None else out
 
     def teardown(self) -> None:
         if self.reduce is not None:

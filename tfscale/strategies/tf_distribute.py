@@ -9,20 +9,17 @@ through one cached ``all_gather`` function.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tfscale.collectives.interface import check_op, reduce_rows
 from tfscale.strategies.base import Strategy
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
-
-_REDUCERS: dict[str, Callable[..., Any]] = {
-    "mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
-
 
 class TFDistributeStrategy(Strategy):
     """Base of strategies that wrap a ``tf.distribute.Strategy`` (``self.tf_strategy``)."""
@@ -57,13 +54,11 @@ class TFDistributeStrategy(Strategy):
         return np.asarray(self.tf_strategy.experimental_local_results(out)[0].numpy())
 
     def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
-        if op not in _REDUCERS:
-            raise ValueError(f"all_reduce op {op!r}; expected one of {sorted(_REDUCERS)}")
+        check_op(op)
         rows = self._gather(np.asarray(values, dtype=np.float64).reshape(-1))
         # Each process contributes once, whatever its number of local replicas (a sum over
         # every replica's copy would count a process's values once per local replica).
-        rows = rows[:: self.replicas_in_process]
-        return np.asarray(_REDUCERS[op](rows, axis=0), dtype=np.float64)
+        return reduce_rows(rows[:: self.replicas_in_process], op)
 
     def broadcast(self, values: Sequence[float] | np.ndarray, root: int = 0) -> np.ndarray:
         rows = self._gather(np.asarray(values, dtype=np.float64).reshape(-1))
