@@ -35,7 +35,7 @@ SECTIONS = (
     ("All-reduce: grouped vs per tensor", allreduce, allreduce.measure),
     ("Weak scaling: 2 workers vs 1", scaling,
      lambda: scaling.measure(["horovod", "multiworker", "ddl"],
-                             ["horovod", "multiworker", "ddl"])),
+                             ["horovod", "multiworker", "ddl"], rounds=2)),
     ("Step breakdown: where a step's milliseconds go", step_breakdown,
      lambda: step_breakdown.measure(3, 200, step_breakdown.DEFAULT_RUNS.split(","))),
     ("Defaults: the README command against hand-set flags", defaults,
