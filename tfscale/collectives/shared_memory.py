@@ -24,13 +24,13 @@ calls later, after every process has finished the call in between, so after the 
 Call ``c`` (every process makes the same calls in the same order):
 
 1. wait until every process has finished call ``c - 1`` (``gathered >= c - 1``), so no one
-   still reads this process's slot or chunk; copy the input into this process's slot; publish
-   ``written = c``;
+   still reads this process's slot or chunk; copy the input into this process's slot (for a
+   mean on one node, multiplied by 1 / processes on the way); publish ``written = c``;
 2. wait until every slot is written (``written >= c``); sum chunk ``j`` of the slots in local
    index order (every process of the job sums in the same order, so results are bit-identical
    everywhere); that is the reduce-scatter;
-3. the all-gather: divide the chunk by the number of processes of the job for a mean (after
-   its cross-node sum, with several nodes), publish ``reduced = c``, wait until every chunk is
+3. the all-gather: with several nodes, divide the chunk by the number of processes of the job
+   for a mean (after its cross-node sum), publish ``reduced = c``, wait until every chunk is
    in (``reduced >= c``), publish ``gathered = c`` and return views of ``results``.
 
 Each counter has a single writer, and a counter is published after the data it stands for.
@@ -163,14 +163,18 @@ class _Segment:
         return [flat[o:o + math.prod(s)].reshape(s)
                 for o, s in zip(self.offsets, self.shapes, strict=True)]
 
-    def reduce_scatter(self, tensors: Sequence[np.ndarray]) -> np.ndarray:
+    def reduce_scatter(self, tensors: Sequence[np.ndarray], scale: float = 1.0) -> np.ndarray:
         """Steps 1 and 2: the node's sum of this process's chunk of the tensors laid out in a
-        buffer, left in the call's ``results`` (and returned as a view of it)."""
+        buffer, left in the call's ``results`` (and returned as a view of it). ``scale``
+        multiplies each tensor as it is copied in: a mean without a pass over the result."""
         self.calls += 1
         c = self.calls
         self._wait(self.flags["gathered"], c - 1, f"finish exchange {c - 1}", self.pids)
         for view, tensor in zip(self._views(self.slots[self.index]), tensors, strict=True):
-            np.copyto(view, tensor)
+            if scale == 1.0:
+                np.copyto(view, tensor)
+            else:
+                np.multiply(tensor, scale, out=view)
         self.flags["written"][self.index] = c
         self._wait(self.flags["written"], c, f"write its tensors for exchange {c}", self.pids)
         parts, total = self.slots[:, self.chunk], self.results[c % 2, self.chunk]
@@ -315,5 +319,7 @@ class NodeExchange:
     def _all_reduce(self, tensors: Sequence[np.ndarray], divisor: int = 1,
                     copy: bool = True) -> list[np.ndarray]:
         segment = self._segment(tensors)
-        segment.reduce_scatter(tensors)
-        return segment.all_gather(divisor, copy=copy)
+        # The mean's division is done on the way in, where the tensors are copied anyway,
+        # rather than in a pass of its own over the chunk (exact for a power-of-2 divisor).
+        segment.reduce_scatter(tensors, 1.0 / divisor)
+        return segment.all_gather(1, copy=copy)
