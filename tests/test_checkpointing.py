@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfscale.checkpointing import CheckpointError, CheckpointManager
+from tfscale.checkpointing import CheckpointError, CheckpointManager, Entry
 
 
 def _vars(seed: int) -> list[keras.Variable]:
@@ -31,6 +31,34 @@ def test_save_restore_rotate(tmp_path: Path) -> None:
     assert meta is not None and meta["step"] == 3 and meta["epoch"] == 3
     for got, want in zip(target, saved[3], strict=True):
         np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_optional_entries_are_restored_by_path_where_asked_and_ignored_elsewhere(
+        tmp_path: Path) -> None:
+    # The gradient lag's pending gradients: saved as values, restored into tf.Variables.
+    import tensorflow as tf
+
+    manager = CheckpointManager(tmp_path / "with")
+    pending = np.arange(6, dtype="float32").reshape(3, 2)
+    manager.save(1, _vars(1), optional=[Entry("gradient_lag/kernel", pending)])
+    slot = Entry("gradient_lag/kernel", tf.Variable(tf.zeros((3, 2))))
+    other = Entry("gradient_lag/bias", tf.Variable(tf.ones((2,))))
+    target = _vars(99)
+    meta = manager.restore(target, optional=[slot, other])
+    assert meta is not None and meta["restored_optional"] == ["gradient_lag/kernel"]
+    np.testing.assert_array_equal(slot.value.numpy(), pending)
+    np.testing.assert_array_equal(other.value.numpy(), np.ones(2))  # not in it: kept as it was
+    np.testing.assert_array_equal(target[0].numpy(), _vars(1)[0].numpy())
+    # A run without the lag restores the variables and leaves the pending gradients out.
+    assert manager.restore(_vars(98))["restored_optional"] == []  # type: ignore[index]
+    # A checkpoint without them restores into a run with the lag, which is told.
+    plain = CheckpointManager(tmp_path / "without")
+    plain.save(1, _vars(1))
+    assert plain.restore(_vars(97), optional=[slot])["restored_optional"] == []  # type: ignore[index]
+    # A pending gradient of the wrong shape is refused like a variable.
+    wrong = Entry("gradient_lag/kernel", tf.Variable(tf.zeros((2, 3))))
+    with pytest.raises(CheckpointError, match="variable gradient_lag/kernel has shape"):
+        manager.restore(_vars(96), optional=[wrong])
 
 
 def test_corrupt_latest_falls_back_with_warning(tmp_path: Path) -> None:

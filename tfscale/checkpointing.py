@@ -27,6 +27,24 @@ class CheckpointError(ValueError):
     """A checkpoint exists but cannot be used (corrupt, or for another model)."""
 
 
+class Entry:
+    """A checkpoint entry that is not a Keras variable: a ``path`` and either a value to save
+    (an array) or a ``tf.Variable`` to restore into."""
+
+    def __init__(self, path: str, value: Any) -> None:
+        self.path, self.value = path, value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    def numpy(self) -> np.ndarray:
+        return np.asarray(self.value)
+
+    def assign(self, value: np.ndarray) -> None:
+        self.value.assign(value)
+
+
 class CheckpointManager:
     """Saves and restores ``variables`` (Keras variables) under ``directory``.
 
@@ -51,21 +69,28 @@ class CheckpointManager:
     def path(self, step: int) -> Path:
         return self.directory / f"ckpt-{step:09d}.npz"
 
-    def save(self, step: int, variables: Sequence[Any], meta: dict[str, Any] | None = None) -> Path:
+    def save(self, step: int, variables: Sequence[Any], meta: dict[str, Any] | None = None,
+             optional: Sequence[Any] = ()) -> Path:
         """Writes the values of ``variables`` as the checkpoint of ``step``, atomically.
+
+        ``optional`` entries (training state that only some runs have, such as the gradient
+        lag's pending gradients) are saved after them and marked so: a restore takes them by
+        path where it asks for them and leaves them out of its match otherwise.
 
         Raises:
             CheckpointError: when a variable holds NaN/Inf (a diverged state is never saved,
                 so it cannot replace the last good checkpoint).
             OSError: when writing fails (the previous checkpoints are untouched).
         """
+        variables = [*variables, *optional]
         arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
         for variable, value in zip(variables, arrays.values(), strict=True):
             if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
                 raise CheckpointError(f"not saving step {step}: variable {variable.path} "
                                       "holds NaN/Inf")
         self.directory.mkdir(parents=True, exist_ok=True)
-        info = {"step": step, "paths": [v.path for v in variables], **(meta or {})}
+        info = {"step": step, "paths": [v.path for v in variables],
+                "optional": [v.path for v in optional], **(meta or {})}
         arrays["__meta__"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
         final = self.path(step)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
@@ -103,11 +128,15 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
         return meta, arrays
 
-    def restore(self, variables: Sequence[Any]) -> dict[str, Any] | None:
-        """Loads the newest usable checkpoint into ``variables``.
+    def restore(self, variables: Sequence[Any],
+                optional: Sequence[Any] = ()) -> dict[str, Any] | None:
+        """Loads the newest usable checkpoint into ``variables``, and into each of ``optional``
+        that the checkpoint holds an optional entry of the same path for (the others keep
+        their values).
 
         Returns:
-            The checkpoint's metadata (with ``step``), or None when there is no checkpoint.
+            The checkpoint's metadata (with ``step``, and ``restored_optional``: the paths of
+            ``optional`` it restored), or None when there is no checkpoint.
 
         Raises:
             CheckpointError: when checkpoints exist but none is usable, or when one was saved
@@ -120,9 +149,18 @@ class CheckpointManager:
             except CheckpointError as err:
                 warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=2)
                 continue
-            self._check_matches(self.path(step), meta["paths"], arrays, variables)
-            for variable, value in zip(variables, arrays, strict=True):
+            marked = set(meta.get("optional", ()))
+            entries = list(zip(meta["paths"], arrays, strict=True))
+            saved = {name: value for name, value in entries if name in marked}
+            required = [(name, value) for name, value in entries if name not in marked]
+            wanted = [v for v in optional if v.path in saved]
+            targets = [*variables, *wanted]
+            values = [*(value for _, value in required), *(saved[v.path] for v in wanted)]
+            self._check_matches(self.path(step), [*(name for name, _ in required),
+                                                  *(v.path for v in wanted)], values, targets)
+            for variable, value in zip(targets, values, strict=True):
                 variable.assign(value)
+            meta["restored_optional"] = [v.path for v in wanted]
             return meta
         if steps:
             raise CheckpointError(f"no readable checkpoint in {self.directory} "

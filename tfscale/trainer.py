@@ -29,6 +29,7 @@ import models
 from tfscale import callbacks as cbs
 from tfscale import cpu_binding, precision, rank_zero, results, targets
 from tfscale.checkpointing import CheckpointManager
+from tfscale.collectives.optimizer import lag_slots
 from tfscale.config import TrainConfig
 from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
 from tfscale.evaluation import EvaluationSummaries, Evaluator
@@ -245,7 +246,12 @@ class Trainer:
         model = self._build(total)
         variables = list(model.weights) + list(model.optimizer.variables)
         manager = CheckpointManager(self.model_dir / "checkpoints", cfg.keep_checkpoints)
-        manager.restore(variables)
+        pending = lag_slots(model.optimizer)
+        restored = manager.restore(variables, optional=pending)
+        if restored and pending and not restored["restored_optional"]:
+            rank_zero.log(f"warning: checkpoint of step {restored['step']} holds no pending "
+                          "gradients of --gradient_lag (written without the lag): the first "
+                          "step after resuming applies none")
         start = int(strategy.broadcast([float(model.optimizer.iterations.numpy())])[0])
         if start >= total:
             rank_zero.log(f"{self.model_dir} is already trained to step {start} of {total}; "

@@ -10,6 +10,7 @@ import keras
 
 from tfscale import rank_zero
 from tfscale.checkpointing import CheckpointError, CheckpointManager
+from tfscale.collectives.optimizer import averaged_lag_gradients
 
 
 class Checkpoint(keras.callbacks.Callback):
@@ -31,19 +32,24 @@ class Checkpoint(keras.callbacks.Callback):
         return int(self.model.optimizer.iterations.numpy())
 
     def save(self, logs: dict[str, Any] | None = None) -> None:
-        """Saves now (chief only) unless this step is already saved or its loss is not finite."""
+        """Saves now (chief only) unless this step is already saved or its loss is not finite.
+
+        Every worker calls it at the same steps: with a gradient lag, the pending gradients
+        are averaged over the workers first (a collective) and saved beside the variables.
+        """
         step = self.step
-        loss = (logs or {}).get("loss")
-        if step == self.last_saved or (loss is not None and not math.isfinite(float(loss))):
+        if step == self.last_saved:
             return
-        if rank_zero.is_chief():
-            variables = list(self.model.weights) + list(self.model.optimizer.variables)
-            try:
-                self.manager.save(step, variables)
-            except CheckpointError as err:
-                warnings.warn(str(err), stacklevel=2)
-                return
         self.last_saved = step
+        pending = averaged_lag_gradients(self.model.optimizer)
+        loss = (logs or {}).get("loss")
+        if (loss is not None and not math.isfinite(float(loss))) or not rank_zero.is_chief():
+            return
+        variables = list(self.model.weights) + list(self.model.optimizer.variables)
+        try:
+            self.manager.save(step, variables, optional=pending)
+        except CheckpointError as err:
+            warnings.warn(str(err), stacklevel=2)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.every and self.step % self.every == 0:

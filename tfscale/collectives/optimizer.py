@@ -18,6 +18,8 @@ from tfscale.collectives.horovod import import_horovod
 if TYPE_CHECKING:
     import keras
 
+    from tfscale.checkpointing import Entry
+
 Reduce = Callable[[list[Any]], list[Any]]
 
 
@@ -79,6 +81,8 @@ def with_gradient_reduction(
                                       backward_passes_per_step, average_aggregated_gradients)
 
     cls = type(base.__name__, (base,), {"apply": apply, "_tfscale_reducing": True,
+                                        "_tfscale_lag": gradient_lag,
+                                        "_tfscale_reduce": staticmethod(reduce_present),
                                         "__module__": base.__module__,
                                         "__qualname__": base.__qualname__})
     optimizer.__class__ = cls
@@ -103,6 +107,46 @@ def _lagged_apply(optimizer: Any, base: Any, grads: list[Any], trainable_variabl
         if slot is not None:
             slot.assign(tf.convert_to_tensor(g))  # dense: IndexedSlices cannot be kept
     return base.apply(optimizer, previous, variables)
+
+
+# Checkpoint paths of the lag's pending gradients: this prefix and the variable's path.
+LAG_PREFIX = "gradient_lag/"
+
+
+def lag_slots(optimizer: keras.optimizers.Optimizer) -> list[Entry]:
+    """The pending local gradients of ``optimizer``'s gradient lag, as checkpoint entries to
+    restore into (zero until a step has run); [] without a lag. Call after
+    ``optimizer.build``."""
+    from tfscale.checkpointing import Entry
+
+    if not getattr(type(optimizer), "_tfscale_lag", 0):
+        return []
+    variables = list(optimizer._trainable_variables)
+    slots = _gradient_slots(optimizer, "_tfscale_lagged", variables, variables)
+    return [Entry(LAG_PREFIX + v.path, slot) for v, slot in zip(variables, slots, strict=True)]
+
+
+def averaged_lag_gradients(optimizer: keras.optimizers.Optimizer) -> list[Entry]:
+    """The pending gradients of ``optimizer``'s gradient lag averaged over the workers, which
+    is what the next step applies, as checkpoint entries to save; [] without a lag.
+
+    A collective when there is a lag (every worker calls it at the same step; it runs the
+    optimizer's own reduction). Restored into every worker's pending gradients, the average
+    makes the next step apply the same update as without the interruption: the mean of equal
+    values is that value.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tfscale.checkpointing import Entry
+
+    slots = lag_slots(optimizer)
+    if not slots:
+        return []
+    reduce = tf.function(type(optimizer)._tfscale_reduce, autograph=False)
+    # Copied at once: a shared-memory reduction's results are buffers it writes again later.
+    averaged = [np.array(g) for g in reduce([e.value.read_value() for e in slots])]
+    return [Entry(e.path, g) for e, g in zip(slots, averaged, strict=True)]
 
 
 def _variables(optimizer: Any, trainable_variables: Any) -> list[Any]:
