@@ -1,6 +1,6 @@
 """Runs every benchmark and writes ``bench/RESULTS.md`` (tables plus target verdicts).
 
-    python -m bench.run_all            # about 85 minutes on 2 cores; run on an idle machine
+    python -m bench.run_all            # about 95 minutes on 2 cores; run on an idle machine
     python -m bench.run_all --reuse    # keep sections whose bench/results/<name>.json exists
 """
 
@@ -18,6 +18,7 @@ from bench import (
     compute,
     defaults,
     gradient_lag,
+    horovod_cycle,
     overhead,
     recompute,
     scaling,
@@ -38,6 +39,8 @@ SECTIONS = (
                              ["horovod", "multiworker", "ddl"], rounds=2)),
     ("Step breakdown: where a step's milliseconds go", step_breakdown,
      lambda: step_breakdown.measure(3, 200, step_breakdown.DEFAULT_RUNS.split(","))),
+    ("Horovod's cost while it carries nothing, per cycle time", horovod_cycle,
+     lambda: horovod_cycle.measure(3, 8.0)),
     ("Defaults: the README command against hand-set flags", defaults,
      lambda: defaults.measure(2, 8)),
     ("Gradient lag (`--gradient_lag=1`)", gradient_lag,
