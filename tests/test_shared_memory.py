@@ -240,6 +240,10 @@ def test_horovod_takes_shared_memory_only_on_one_node(monkeypatch: pytest.Monkey
     assert (one_node.topology.size, one_node.node.index, one_node.node.size) == (4, 1, 4)
     assert reduction("collectives", 1) is None
     assert reduction("auto", 2) is None, "across nodes the exchange stays on Horovod's transport"
+    for tool in ("horovod_timeline", "horovod_autotune"):  # they record and tune Horovod's
+        strategy = HorovodStrategy(TrainConfig(strategy="horovod", **{tool: True}))
+        strategy.comm = Comm(1)  # type: ignore[assignment]
+        assert strategy.gradient_reduction() is None, tool
     with pytest.raises(ValueError, match="only when all 4 ranks run on one node, and this job "
                                          "spans 2; --strategy=ddl uses it inside each node"):
         reduction("shared_memory", 2)

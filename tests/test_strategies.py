@@ -122,6 +122,8 @@ ONE_NODE, TWO_NODES, ALONE = (2, 2), (4, 2), (1, 1)
     (-1.0, None, False, False, TWO_NODES, {}, "5"),
     (-1.0, None, False, False, ONE_NODE, {"node_exchange": "collectives"}, "5"),
     (-1.0, None, False, False, ONE_NODE, {"strategy": "ddl", "ddl_local_size": 1}, "5"),
+    # Horovod's timeline keeps the gradients on Horovod (to record them), so 5 ms too.
+    (-1.0, None, False, False, ONE_NODE, {"horovod_timeline": True}, "5"),
     # ...and every 50 ms on one node, where shared memory carries everything during training.
     (-1.0, None, False, False, ONE_NODE, {}, "50"),
     (-1.0, None, False, False, ONE_NODE, {"strategy": "ddl"}, "50"),

@@ -130,10 +130,12 @@ HELP: dict[str, str] = {
     "profiler on the chief, into MODEL_DIR/tensorboard (TensorBoard's profile tab). Empty: off.",
     "horovod_timeline": "Write Horovod's timeline of every collective (negotiation, fusion, "
     "all-reduce) to MODEL_DIR/horovod_timeline.json, for chrome://tracing or Perfetto. Horovod "
-    "strategies only.",
+    "strategies only; with --node_exchange=auto the gradients then go through Horovod, not "
+    "shared memory, so that the timeline shows them.",
     "horovod_autotune": "Let Horovod's autotuner search the fusion buffer, cycle time and "
     "hierarchical settings while training; each setting tried and its score go to "
-    "MODEL_DIR/horovod_autotune.csv. Horovod strategies only.",
+    "MODEL_DIR/horovod_autotune.csv. Horovod strategies only; with --node_exchange=auto the "
+    "gradients then go through Horovod, whose settings it tunes.",
     "model_dir": "Where checkpoints, logs, results.json and model.keras go (default "
     "runs/MODEL-DATASET-STRATEGY). An existing checkpoint there is resumed.",
     "checkpoint_every": "Checkpoint every N steps (0 = at the end of each epoch).",

@@ -62,7 +62,7 @@ class DDLStrategy(HorovodStrategy):
         # Transient: the optimizer applies the reduced gradients within the step.
         return dataclasses.replace(HierarchicalAllReduce.create(
             self.config.ddl_local_size, compression=self.config.fp16_allreduce,
-            node_exchange_mode=self.config.node_exchange,
+            node_exchange_mode=self.node_exchange_mode(),
             timeout_s=self.config.collective_timeout_s), transient=True)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:

@@ -166,7 +166,7 @@ class HorovodStrategy(Strategy):
         Raises:
             ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
         """
-        hvd, mode = self.comm.hvd, self.config.node_exchange
+        hvd, mode = self.comm.hvd, self.node_exchange_mode()
         if self.size == 1:
             return None
         if int(hvd.cross_size()) > 1:
@@ -206,9 +206,19 @@ class HorovodStrategy(Strategy):
         if env.size < 2 or env.local_size != env.size or 0 < groups < env.size:
             return False
         try:
-            return use_shared_memory(self.config.node_exchange, env.local_size)
+            return use_shared_memory(self.node_exchange_mode(), env.local_size)
         except ValueError:  # an explicit mode that cannot run: gradient_reduction says why
             return False
+
+    def node_exchange_mode(self) -> str:
+        """``--node_exchange``, where ``auto`` keeps Horovod's transport when Horovod's timeline
+        or autotuner is on: they record and tune Horovod's collectives, and shared memory would
+        leave Horovod none during training."""
+        config = self.config
+        if config.node_exchange == "auto" and (config.horovod_timeline
+                                               or config.horovod_autotune):
+            return "collectives"
+        return config.node_exchange
 
     def _check_long_cycle(self) -> None:
         """Warns when the long cycle was chosen for a job that Horovod carries after all."""
