@@ -10,13 +10,22 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
 RESNET50_TRAIN_GFLOP = 24.5  # per 224x224 image, forward + backward (~3 x 8.2 GFLOP)
+
+
+T = TypeVar("T")
+
+
+def in_round_order(items: Sequence[T], round_: int) -> list[T]:
+    """``items`` forward in even rounds (counted from 0) and backward in odd ones, so that
+    drift during a round favours no item over the rounds."""
+    return list(items) if round_ % 2 == 0 else list(items)[::-1]
 
 
 def train(flags: Sequence[str], cores: Sequence[int] | None = None,

@@ -19,7 +19,7 @@ import argparse
 import statistics
 from typing import Any
 
-from bench.common import cpu_description, save, table, train
+from bench.common import cpu_description, in_round_order, save, table, train
 
 TARGET = 0.95
 COMMAND = ["--model=resnet50", "--strategy=horovod", "--num_processes=2", "--batch_size=8",
@@ -39,9 +39,8 @@ VARIANTS: dict[str, list[str]] = {
 
 def measure(rounds: int, steps: int) -> dict[str, Any]:
     rows = []
-    names = list(VARIANTS)
     for round_ in range(1, rounds + 1):
-        for name in names if round_ % 2 else names[::-1]:
+        for name in in_round_order(list(VARIANTS), round_ - 1):
             extra = VARIANTS[name]
             out = train([*COMMAND, f"--steps={steps}", f"--log_every={steps}", *extra])
             rows.append({"round": round_, "run": name, "images_per_sec": out["images_per_sec"],

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import cpu_description, save, table
+from bench.common import cpu_description, in_round_order, save, table
 from launch.local import horovod_envs, node_layout, supervise
 
 CYCLES_MS = (1.0, 5.0, 20.0, 50.0, 200.0)
@@ -69,7 +69,7 @@ def idle_cpu(cycle_ms: float, seconds: float) -> list[float]:
 def measure(rounds: int, seconds: float, cycles: tuple[float, ...] = CYCLES_MS) -> dict[str, Any]:
     runs: dict[float, list[float]] = {c: [] for c in cycles}
     for round_ in range(rounds):
-        for cycle in cycles if round_ % 2 == 0 else cycles[::-1]:
+        for cycle in in_round_order(cycles, round_):
             runs[cycle] += idle_cpu(cycle, seconds)
     rows = [{"cycle_ms": c, "mean % of a core": statistics.mean(v),
              "min": min(v), "max": max(v), "samples": len(v)} for c, v in runs.items()]

@@ -16,7 +16,7 @@ import os
 import statistics
 from typing import Any
 
-from bench.common import save, table, train
+from bench.common import in_round_order, save, table, train
 
 TARGET = 0.90
 CASES = {
@@ -44,8 +44,7 @@ def measure(strategies: list[str], resnet_strategies: list[str],
              for knobs in KNOBS.get(model, {}).get(strategy, [[]])]
     runs: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(cases))}
     for round_ in range(rounds):
-        order = list(range(len(cases)))
-        for i in (order if round_ % 2 == 0 else order[::-1]):
+        for i in in_round_order(range(len(cases)), round_):
             model, strategy, knobs = cases[i]
             base = [*CASES[model], f"--strategy={strategy}", "--learning_rate=0.01", *knobs]
             alone = train([*base, "--num_processes=1"], cores=core)

@@ -143,7 +143,11 @@ def averaged_lag_gradients(optimizer: keras.optimizers.Optimizer) -> list[Entry]
     slots = lag_slots(optimizer)
     if not slots:
         return []
-    reduce = tf.function(type(optimizer)._tfscale_reduce, autograph=False)
+    # Traced once per optimizer, not at every checkpoint.
+    if not hasattr(optimizer, "_tfscale_lag_reduce"):
+        optimizer._tfscale_lag_reduce = tf.function(type(optimizer)._tfscale_reduce,
+                                                    autograph=False)
+    reduce = optimizer._tfscale_lag_reduce
     # Copied at once: a shared-memory reduction's results are buffers it writes again later.
     averaged = [np.array(g) for g in reduce([e.value.read_value() for e in slots])]
     return [Entry(e.path, g) for e, g in zip(slots, averaged, strict=True)]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+
 class TFDistributeStrategy(Strategy):
     """Base of strategies that wrap a ``tf.distribute.Strategy`` (``self.tf_strategy``)."""
 
