@@ -11,6 +11,7 @@ import keras
 from tfscale import rank_zero
 from tfscale.checkpointing import CheckpointError, CheckpointManager
 from tfscale.collectives.optimizer import averaged_lag_gradients
+from tfscale.optimizers import optimizer_step
 
 
 class Checkpoint(keras.callbacks.Callback):
@@ -29,7 +30,7 @@ class Checkpoint(keras.callbacks.Callback):
 
     @property
     def step(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        return optimizer_step(self.model)
 
     def save(self, logs: dict[str, Any] | None = None) -> None:
         """Saves now (chief only) unless this step is already saved or its loss is not finite.

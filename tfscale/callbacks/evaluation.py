@@ -8,6 +8,8 @@ from typing import Any
 
 import keras
 
+from tfscale.optimizers import optimizer_step
+
 # (model) -> (job-wide metrics, examples evaluated); a collective, e.g.
 # tfscale.evaluation.Evaluator.evaluate.
 Evaluate = Callable[[keras.Model], tuple[dict[str, float], int]]
@@ -48,7 +50,7 @@ class Evaluation(keras.callbacks.Callback):
 
     @property
     def step(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        return optimizer_step(self.model)
 
     def evaluate(self, epoch: float) -> dict[str, Any]:
         """Evaluates now (unless this step already was) and returns the step's record."""

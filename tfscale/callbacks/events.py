@@ -7,6 +7,7 @@ from typing import Any
 import keras
 
 from tfscale.events import EventLog
+from tfscale.optimizers import optimizer_step
 
 
 class EpochEvents(keras.callbacks.Callback):
@@ -20,4 +21,4 @@ class EpochEvents(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         metrics = {k: float(v) for k, v in (logs or {}).items() if not k.startswith("val_")}
         self.log.emit("epoch_end", epoch=epoch + 1,
-                      step=int(self.model.optimizer.iterations.numpy()), metrics=metrics)
+                      step=optimizer_step(self.model), metrics=metrics)

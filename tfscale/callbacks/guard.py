@@ -12,6 +12,7 @@ from typing import Any
 import keras
 
 from tfscale.collectives.interface import Collectives
+from tfscale.optimizers import optimizer_step
 
 
 class TrainingGuard(keras.callbacks.Callback):
@@ -59,7 +60,7 @@ class TrainingGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
-        self._last_check = (int(self.model.optimizer.iterations.numpy()), time.perf_counter())
+        self._last_check = (optimizer_step(self.model), time.perf_counter())
         self._next_check = self._last_check[0] + 1
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
@@ -68,7 +69,7 @@ class TrainingGuard(keras.callbacks.Callback):
         self._previous.clear()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        step = int(self.model.optimizer.iterations.numpy())
+        step = optimizer_step(self.model)
         if not self._first_bad and not math.isfinite(float((logs or {}).get("loss", 0.0))):
             self._first_bad = step
         if (self.comm.size == 1 or step >= self._next_check
@@ -76,7 +77,7 @@ class TrainingGuard(keras.callbacks.Callback):
             self._agree(step)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        step = int(self.model.optimizer.iterations.numpy())
+        step = optimizer_step(self.model)
         if step != self._last_check[0]:
             self._agree(step)
 

@@ -6,6 +6,8 @@ from typing import Any
 
 import keras
 
+from tfscale.optimizers import optimizer_step
+
 
 class ProfileSteps(keras.callbacks.Callback):
     """Traces training steps ``first`` to ``last`` (1-based, inclusive, counted over the whole
@@ -26,7 +28,7 @@ class ProfileSteps(keras.callbacks.Callback):
         self.traced = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self.step = int(self.model.optimizer.iterations.numpy()) + 1
+        self.step = optimizer_step(self.model) + 1
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.traced and not self.tracing and self.first <= self.step <= self.last:

@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from tfscale import rank_zero
+from tfscale.optimizers import optimizer_step
 
 
 class ProgressLogger(keras.callbacks.Callback):
@@ -38,7 +39,7 @@ class ProgressLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not logs or "loss" not in logs:
             return
-        step = int(self.model.optimizer.iterations.numpy())
+        step = optimizer_step(self.model)
         seen, mean = batch + 1, float(logs["loss"])
         if step % self.every and step != self.total_steps:
             return

@@ -10,6 +10,7 @@ from typing import Any
 import keras
 
 from tfscale.collectives.interface import Collectives
+from tfscale.optimizers import optimizer_step
 from tfscale.targets import Target
 
 
@@ -53,7 +54,7 @@ class TargetStop(keras.callbacks.Callback):
         self.model.stop_training = True
         self.result = {"metric": self.target.metric, "value": self.target.value,
                        "direction": self.target.direction, "achieved": value,
-                       "step": int(self.model.optimizer.iterations.numpy()), "epoch": epoch,
+                       "step": optimizer_step(self.model), "epoch": epoch,
                        "seconds": time.time() - self.start_time}
         for listener in self.listeners:
             listener(self.result)

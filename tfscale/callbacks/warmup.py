@@ -6,6 +6,8 @@ from typing import Any
 
 import keras
 
+from tfscale.optimizers import optimizer_step
+
 
 class LearningRateWarmup(keras.callbacks.Callback):
     """Raises the learning rate linearly from ``start_lr`` to ``target_lr`` over
@@ -50,6 +52,6 @@ class LearningRateWarmup(keras.callbacks.Callback):
                              "(tfscale.optimizers.schedules.WarmupDecay)")
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        step = int(self.model.optimizer.iterations.numpy())
+        step = optimizer_step(self.model)
         if step <= self.warmup_steps:
             self.model.optimizer.learning_rate.assign(self.rate(step))
