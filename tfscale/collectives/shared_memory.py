@@ -10,7 +10,7 @@ One segment per node and list of tensor sizes (one dtype), a file in ``/dev/shm`
 every process of the node::
 
     flags    4 x L counters, one per (kind, local index), each on its own cache line
-    slots    L input buffers of n values, one written by each process
+    slots    L input buffers of n values, one written by each process (but for its chunk)
     results  2 x n values, used by odd and even calls in turn: chunk j (n / L values) of each
              is written by the process with local index j
 
@@ -25,10 +25,12 @@ Call ``c`` (every process makes the same calls in the same order):
 
 1. wait until every process has finished call ``c - 1`` (``gathered >= c - 1``), so no one
    still reads this process's slot or chunk; copy the input into this process's slot (for a
-   mean on one node, multiplied by 1 / processes on the way); publish ``written = c``;
+   mean on one node, multiplied by 1 / processes on the way), all but its own chunk, which
+   only this process reads; publish ``written = c``;
 2. wait until every slot is written (``written >= c``); sum chunk ``j`` of the slots in local
-   index order (every process of the job sums in the same order, so results are bit-identical
-   everywhere); that is the reduce-scatter;
+   index order, this process's own part taken straight from its input (every process of the
+   job sums in the same order, so results are bit-identical everywhere); that is the
+   reduce-scatter;
 3. the all-gather: with several nodes, divide the chunk by the number of processes of the job
    for a mean (after its cross-node sum), publish ``reduced = c``, wait until every chunk is
    in (``reduced >= c``), publish ``gathered = c`` and return views of ``results``.
@@ -50,7 +52,7 @@ import mmap
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +81,17 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def scaled(values: np.ndarray, scale: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``values`` x ``scale`` (into ``out`` when given); with a scale of 1, a plain copy into
+    ``out``, or ``values`` themselves."""
+    if scale != 1.0:
+        return np.multiply(values, scale, out=out)
+    if out is None:
+        return values
+    np.copyto(out, values)
+    return out
 
 
 def available(directory: Path = SHM_DIR) -> str:
@@ -170,21 +183,42 @@ class _Segment:
         self.calls += 1
         c = self.calls
         self._wait(self.flags["gathered"], c - 1, f"finish exchange {c - 1}", self.pids)
-        for view, tensor in zip(self._views(self.slots[self.index]), tensors, strict=True):
-            if scale == 1.0:
-                np.copyto(view, tensor)
-            else:
-                np.multiply(tensor, scale, out=view)
+        flat = [np.asarray(t).reshape(-1) for t in tensors]
+        slot = self.slots[self.index]
+        # Only the chunks the other processes sum go to the slot: this process sums its own
+        # chunk straight from its tensors (a third less copying for two processes).
+        for start, end, offset, tensor in self._pieces(flat, own=False):
+            scaled(tensor[start - offset:end - offset], scale, slot[start:end])
         self.flags["written"][self.index] = c
         self._wait(self.flags["written"], c, f"write its tensors for exchange {c}", self.pids)
-        parts, total = self.slots[:, self.chunk], self.results[c % 2, self.chunk]
-        if self.size == 1:
-            np.copyto(total, parts[0])
-        else:
-            np.add(parts[0], parts[1], out=total)
-            for part in parts[2:]:
-                total += part
-        return total
+        results = self.results[c % 2]
+        for start, end, offset, tensor in self._pieces(flat, own=True):
+            # Every part in local index order, this process's own from its tensor (scaled
+            # as the others were on the way in): the same sums, bit for bit, as from slots.
+            mine = tensor[start - offset:end - offset]
+            total = results[start:end]
+            parts = [mine if k == self.index else self.slots[k, start:end]
+                     for k in range(self.size)]
+            if self.index == 0 or self.size == 1:
+                scaled(mine, scale, total)
+            else:
+                np.copyto(total, parts[0])
+            for k, part in enumerate(parts[1:], 1):
+                total += part if k != self.index else scaled(mine, scale)
+        return results[self.chunk]
+
+    def _pieces(self, flat: Sequence[np.ndarray], own: bool,
+                ) -> Iterator[tuple[int, int, int, np.ndarray]]:
+        """(start, end, offset, tensor): the buffer ranges of ``flat``'s tensors inside this
+        process's chunk (``own``) or outside it, with each tensor's offset in the buffer."""
+        first, last = self.chunk.start, self.chunk.stop
+        for offset, tensor in zip(self.offsets, flat, strict=True):
+            end = offset + tensor.size
+            ranges = ([(max(offset, first), min(end, last))] if own else
+                      [(offset, min(end, first)), (max(offset, last), end)])
+            for lo, hi in ranges:
+                if lo < hi:
+                    yield lo, hi, offset, tensor
 
     def all_gather(self, divisor: int, chunk: np.ndarray | None = None,
                    copy: bool = True) -> list[np.ndarray]:
