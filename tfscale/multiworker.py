@@ -30,7 +30,16 @@ Keras fixes them):
    in one collective (``strategy.reduce`` would run one per value: 4% of a 28 ms ``mlp`` step
    with two workers); everything else is reduced as Keras does.
 
-Both replace private Keras functions, so :func:`enable` checks that the installed Keras is a
+A third change is for datasets you mark as each worker's own, and makes them faster: Keras
+hands ``model.fit``'s dataset to ``strategy.experimental_distribute_dataset``, which shards it
+across the workers. A dataset that already holds this worker's shard, batched per replica, is
+marked with :func:`per_worker_dataset`; it is then iterated as it is where each worker has one
+replica on a CPU (a distributed dataset's iterator cost 0.37 ms of a 5.3 ms ``mlp`` step
+there, 7%), and given to ``distribute_datasets_from_function`` elsewhere::
+
+    model.fit(tfscale.multiworker.per_worker_dataset(my_shard.batch(64)), ...)
+
+All three replace private Keras functions, so :func:`enable` checks that the installed Keras is a
 version the fix was made and tested for, and refuses others with an error that says what to do.
 Strategies other than multi-worker ones go through Keras's own code unchanged.
 """
@@ -38,6 +47,7 @@ Strategies other than multi-worker ones go through Keras's own code unchanged.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,6 +59,8 @@ from tensorflow.python.distribute import device_util
 from tfscale.keras_version import check_keras_version
 
 _originals: dict[str, Any] = {}
+# Datasets marked by per_worker_dataset (held weakly: marking keeps nothing alive).
+_per_worker: weakref.WeakSet[tf.data.Dataset] = weakref.WeakSet()
 
 
 def _is_multi_worker(strategy: Any) -> bool:
@@ -73,6 +85,42 @@ def _maybe_symbolic_build(self: keras.Model, iterator: Any = None, data_batch: A
             break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+
+
+def per_worker_dataset(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Marks ``dataset`` as this worker's own batches (its shard, batched per replica) and
+    returns it, for ``model.fit`` under any strategy with the fix enabled: it is iterated as
+    it is where the process has one replica, on a CPU; elsewhere it is given to
+    ``distribute_datasets_from_function(lambda _: dataset)`` (a GPU replica gets its batches
+    prefetched to it). Keras would otherwise hand it to ``experimental_distribute_dataset``,
+    which shards it again and splits its batches as global ones."""
+    _per_worker.add(dataset)
+    return dataset
+
+
+def _one_cpu_replica(strategy: Any) -> bool:
+    """Whether this process runs one replica of ``strategy``, on a CPU. TensorFlow's default
+    strategy lists no devices; its one replica takes a dataset as it is wherever it runs."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy's
+        return True
+    return len(devices) == 1 and "CPU" in devices[0].upper()
+
+
+def _epoch_iterator_init(self: Any, distribute_strategy: Any = None, *args: Any,
+                         **kwargs: Any) -> None:
+    # Keras's own TFEpochIterator.__init__, with the datasets marked by per_worker_dataset
+    # taken as this worker's.
+    tf_trainer.EpochIterator.__init__(self, *args, **kwargs)
+    strategy = self._distribute_strategy = distribute_strategy
+    dataset = self.data_adapter.get_tf_dataset()
+    if dataset in _per_worker:
+        if not _one_cpu_replica(strategy):
+            dataset = strategy.distribute_datasets_from_function(lambda _: dataset)
+    elif not isinstance(dataset, tf.distribute.DistributedDataset):
+        dataset = strategy.experimental_distribute_dataset(dataset)
+    self._distributed_dataset = dataset
 
 
 def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
@@ -165,8 +213,10 @@ def enable() -> None:
     check_keras_version()
     _originals["_maybe_symbolic_build"] = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
     _originals["reduce_per_replica"] = tf_trainer.reduce_per_replica
+    _originals["epoch_iterator_init"] = tf_trainer.TFEpochIterator.__init__
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
     tf_trainer.reduce_per_replica = _reduce_per_replica
+    tf_trainer.TFEpochIterator.__init__ = _epoch_iterator_init
 
 
 def disable() -> None:
@@ -175,6 +225,7 @@ def disable() -> None:
         return
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _originals.pop("_maybe_symbolic_build")
     tf_trainer.reduce_per_replica = _originals.pop("reduce_per_replica")
+    tf_trainer.TFEpochIterator.__init__ = _originals.pop("epoch_iterator_init")
 
 
 @contextlib.contextmanager

@@ -2,9 +2,11 @@
 in the style of TensorFlow's multi-worker Keras tutorial, plus ``tfscale.multiworker.enable()``.
 
 Every worker builds the same pipeline over scikit-learn's digits with the global batch;
-Keras shards it across workers. The model is built and compiled in ``strategy.scope()``. Each
-worker writes ``OUT/rank<R>.npz`` (weights) and ``OUT/rank<R>.json`` (history, evaluation);
-the chief saves ``OUT/model.keras``. ``--no-fix`` leaves Keras as it is.
+Keras shards it across workers. With ``--per-worker`` each worker reads its own shard in
+per-worker batches instead, marked with ``tfscale.multiworker.per_worker_dataset``. The
+model is built and compiled in ``strategy.scope()``. Each worker writes ``OUT/rank<R>.npz``
+(weights) and ``OUT/rank<R>.json`` (history, evaluation); the chief saves ``OUT/model.keras``.
+``--no-fix`` leaves Keras as it is.
 
     TF_CONFIG=... python -m tests.workers.mwms_fit --out DIR
 """
@@ -26,13 +28,14 @@ import tfscale.multiworker  # noqa: E402
 PER_WORKER_BATCH = 32
 
 
-def digits_dataset(global_batch: int) -> tf.data.Dataset:
+def digits_dataset(batch: int, shard: tuple[int, int] = (1, 0)) -> tf.data.Dataset:
+    """Digits in batches of ``batch``; ``shard``: (workers, rank), this worker's part only."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)
-    return tf.data.Dataset.from_tensor_slices((x, digits.target.astype(np.int64))).shuffle(
-        2000, seed=1).repeat().batch(global_batch)
+    dataset = tf.data.Dataset.from_tensor_slices((x, digits.target.astype(np.int64)))
+    return dataset.shard(*shard).shuffle(2000, seed=1).repeat().batch(batch)
 
 
 def build_and_compile_model() -> tf.keras.Model:
@@ -54,6 +57,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--no-fix", dest="fix", action="store_false")
+    parser.add_argument("--per-worker", action="store_true",
+                        help="each worker reads its own shard in per-worker batches, marked "
+                             "with tfscale.multiworker.per_worker_dataset")
     args = parser.parse_args()
     if args.fix:
         tfscale.multiworker.enable()
@@ -63,7 +69,11 @@ def main() -> None:
     num_workers, rank = len(tf_config["cluster"]["worker"]), tf_config["task"]["index"]
     tf.keras.utils.set_random_seed(rank)  # the strategy broadcasts worker 0's initial values
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    dataset = digits_dataset(PER_WORKER_BATCH * num_workers)
+    if args.per_worker:
+        dataset = tfscale.multiworker.per_worker_dataset(
+            digits_dataset(PER_WORKER_BATCH, (num_workers, rank)))
+    else:
+        dataset = digits_dataset(PER_WORKER_BATCH * num_workers)
     with strategy.scope():
         model = build_and_compile_model()
     history = model.fit(dataset, epochs=3, steps_per_epoch=8, verbose=0)

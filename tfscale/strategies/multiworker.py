@@ -216,8 +216,13 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         return self._size
 
     def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        # Each worker's dataset is already this worker's shard with this worker's batch;
+        # Each worker's dataset is already this worker's shard with this worker's batch. With
+        # one CPU replica per worker, model.fit iterates it as it is (the Keras fix's
+        # per_worker_dataset: a distributed iterator cost 7% of an mlp step); otherwise,
         # building it "from a function" tells TF exactly that (no auto-sharding, no
         # re-batching of a supposed global batch).
-        return self.tf_strategy.distribute_datasets_from_function(lambda _: dataset)
+        from tfscale import multiworker as keras_fix
 
+        if not self.alone:
+            return keras_fix.per_worker_dataset(dataset)
+        return self.tf_strategy.distribute_datasets_from_function(lambda _: dataset)
