@@ -129,8 +129,9 @@ def test_multiworker_two_workers_equal_one_process(tmp_path: Path,
                      tf_config_envs(2), out=log)
     assert code == 0, log.getvalue()[-3000:]
     counts = _check(tmp_path, combined)
-    assert counts["allreduces"] == 2 * STEPS, "per optimizer step, one exchange of the " \
-                                              "gradients and one of the logged scalars"
+    # The logged scalars of a step stay the worker's own (the epoch's are averaged by a
+    # callback), so a step exchanges its gradients only.
+    assert counts["allreduces"] == STEPS, "one gradient all-reduce per optimizer step"
     assert "gradients through shared memory" in counts["describe"]
 
 

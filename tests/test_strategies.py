@@ -43,8 +43,8 @@ def _multiworker_shared_memory(out: Path, steps: int, batch: int) -> list:
     weights = _multiworker(out, steps, batch, "shared_memory")
     counts = json.loads((out / "rank0.json").read_text())
     assert counts["describe"].endswith("gradients through shared memory"), counts["describe"]
-    assert counts["allreduces"] == 2 * steps, "per step, one exchange of the gradients and " \
-                                              "one of the logged scalars"
+    # A step's logged scalars stay the worker's own (MetricAverage averages the epoch's).
+    assert counts["allreduces"] == steps, "per step, one exchange of the gradients"
     return weights
 
 
@@ -55,7 +55,7 @@ def test_one_step_equals_single_device_on_combined_batch(run, tmp_path: Path) ->
     distributed = run(tmp_path / "dist", steps=1, batch=4)
     single = reference(tmp_path / "ref", batch=8)
     assert max_abs_diff(distributed, single) < 1e-5
-    # The logged loss is the workers' mean: the loss of the combined batch.
+    # The logged (epoch) loss is the workers' mean: the loss of the combined batch.
     logged = [json.loads((tmp_path / run / "rank0.json").read_text())["loss"]
               for run in ("dist", "ref")]
     assert logged[0] == pytest.approx(logged[1], abs=1e-5)

@@ -1,7 +1,7 @@
 """The ``multiworker`` strategy: ``tf.distribute.MultiWorkerMirroredStrategy``.
 
 The cluster comes from ``TF_CONFIG`` (written by ``--num_processes N`` or by the user), or
-from Slurm's variables under ``srun``. Keras 3's ``model.fit`` needs two work-arounds under
+from Slurm's variables under ``srun``. Keras 3's ``model.fit`` needs work-arounds under
 this strategy, the ones users' own scripts get from :mod:`tfscale.multiworker`; they are on
 while the strategy runs.
 
@@ -9,9 +9,14 @@ When every worker runs on one CPU-only x86-64 machine (``--num_processes N``, or
 whose workers share a host), the gradients are summed through a shared-memory segment
 (``--node_exchange``, :mod:`tfscale.collectives.shared_memory`) instead of TensorFlow's gRPC
 ring, which carries them over loopback TCP: for an ``mlp``'s 7.4 MB between two workers, 15.6 ms
-against the step's 5.3 ms of compute (bench/RESULTS.md). So are the logged scalars of each
-training and evaluation step (averaged for the logs); ``--sync_bn``'s sums stay on TensorFlow's
+against the step's 5.3 ms of compute (bench/RESULTS.md). So are the framework's host values
+(stop flags, evaluation sums, the epoch's logs); ``--sync_bn``'s sums stay on TensorFlow's
 collectives.
+
+Each step's logged loss and metrics are the worker's own, as under Horovod, and each epoch's
+are averaged over the workers (``MetricAverage``, first in the callbacks): averaging them every
+step, as Keras does under the strategy, was a collective per step (3% of a two-worker ``mlp``
+step even through shared memory).
 
 A cluster of one worker with at most one local device has nothing to exchange. There the
 strategy runs under TensorFlow's default strategy, whose step is the plain one: under
@@ -142,9 +147,9 @@ class MultiWorkerStrategy(TFDistributeStrategy):
                 communication_options=options)
         self._patches.enter_context(keras_fix.enabled())
         self.reduce = self._shared_memory_reduce(workers)
-        if self.reduce is not None:
-            # The step's logged scalars too: one gRPC round trip fewer per step.
-            keras_fix.average_logs_with(self.tf_strategy, self.reduce)
+        if self.replicas_in_process == 1:
+            # Each step's logs stay the worker's own; MetricAverage averages the epoch's.
+            keras_fix.keep_logs_local(self.tf_strategy)
 
     def _shared_memory_reduce(self, workers: list[str]) -> HierarchicalAllReduce | None:
         """The gradients' all-reduce through shared memory where ``--node_exchange`` takes it
@@ -191,8 +196,15 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         out = None if self.reduce is None else self.reduce.host_all_reduce(values, op)
         return super().all_reduce(values, op) if out is None else out
 
+    def callbacks(self) -> list[keras.callbacks.Callback]:
+        if self.alone or self.replicas_in_process > 1:
+            return []
+        from tfscale.callbacks import MetricAverage
+
+        return [MetricAverage(self)]
+
     def teardown(self) -> None:
-        if self.reduce is not None:
+        if not self.alone:
             from tfscale import multiworker as keras_fix
 
             keras_fix.average_logs_with(self.tf_strategy, None)
