@@ -174,10 +174,10 @@ def average_logs_with(strategy: tf.distribute.Strategy,
 
 def keep_logs_local(strategy: tf.distribute.Strategy) -> None:
     """Makes the fix leave ``strategy``'s logged scalars of each step as this worker's own
-    (as Horovod's workers log theirs), for a caller that averages the epoch's logs itself,
-    with :class:`tfscale.callbacks.MetricAverage` first in the callbacks: no collective per
-    step (3% of an ``mlp`` step with two workers on one node). Only for one replica per
-    process; :func:`average_logs_with` (None) undoes it."""
+    (as Horovod's workers log theirs), for a caller that averages the epoch's logs itself (the
+    ``multiworker`` strategy: :class:`tfscale.callbacks.MetricAverage` over its collectives):
+    no collective per step (3% of an ``mlp`` step with two workers on one node). Only for one
+    replica per process; :func:`average_logs_with` (None) undoes it."""
     _log_means[id(strategy)] = _keep_local
 
 
