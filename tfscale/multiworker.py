@@ -28,7 +28,8 @@ Keras fixes them):
    metric logs ("Invalid reduction dimension 0"); Keras hard-codes ``reduction="auto"`` there.
    Scalars are averaged over the workers instead (what the logs should show), all of a step's
    in one collective (``strategy.reduce`` would run one per value: 4% of a 28 ms ``mlp`` step
-   with two workers); everything else is reduced as Keras does.
+   with two workers); everything else is reduced as Keras does. :func:`keep_logs_local` leaves
+   a step's scalars as each worker's own instead, for a caller that averages the epoch's.
 
 A third change is for datasets you mark as each worker's own, and makes them faster: Keras
 hands ``model.fit``'s dataset to ``strategy.experimental_distribute_dataset``, which shards it
@@ -41,7 +42,8 @@ there, 7%), and given to ``distribute_datasets_from_function`` elsewhere::
 
 All three replace private Keras functions, so :func:`enable` checks that the installed Keras is a
 version the fix was made and tested for, and refuses others with an error that says what to do.
-Strategies other than multi-worker ones go through Keras's own code unchanged.
+Unmarked datasets, and strategies other than multi-worker ones, go through Keras's own code
+unchanged.
 """
 
 from __future__ import annotations
