@@ -186,7 +186,7 @@ class _Segment:
         flat = [np.asarray(t).reshape(-1) for t in tensors]
         slot = self.slots[self.index]
         # Only the chunks the other processes sum go to the slot: this process sums its own
-        # chunk straight from its tensors (a third less copying for two processes).
+        # chunk straight from its tensors (half the copying in, for two processes).
         for start, end, offset, tensor in self._pieces(flat, own=False):
             scaled(tensor[start - offset:end - offset], scale, slot[start:end])
         self.flags["written"][self.index] = c

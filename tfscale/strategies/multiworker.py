@@ -204,7 +204,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         return [MetricAverage(self)]
 
     def teardown(self) -> None:
-        if not self.alone:
+        if not self.alone and hasattr(self, "tf_strategy"):
             from tfscale import multiworker as keras_fix
 
             keras_fix.average_logs_with(self.tf_strategy, None)
