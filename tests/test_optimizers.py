@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -21,6 +22,7 @@ from tfscale.optimizers import (
     LARS,
     WarmupDecay,
     build_optimizer,
+    optimizer_step,
     scaled_learning_rate,
 )
 
@@ -284,3 +286,17 @@ def test_mirrored_two_replicas_match_one_device() -> None:
         assert result["replicas"] == 2, (name, result)
         assert result["diff"] < 1e-5, (name, result)
         assert result["moved"] > 1e-3, (name, result)
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_optimizer_step_reads_the_counter_with_or_without_a_strategy(mirrored: bool) -> None:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"]) if mirrored else None
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.ones((6, 2), np.float32)
+    model.fit(x, x[:, :1], batch_size=2, epochs=1, verbose=0)
+    counter = model.optimizer.iterations
+    # Under the strategy the counter is a mirrored variable; the step is read from its copy.
+    assert isinstance(counter.value, tf.distribute.DistributedValues) == mirrored
+    assert optimizer_step(model) == int(counter.numpy()) == 3
