@@ -46,8 +46,8 @@ class TwoWorkers:
 def _run(comm: Any, clock: Clock, steps: int, step_s: float, periods: Sequence[int] = (),
          bad_losses: Sequence[int] = ()) -> TrainingGuard:
     iterations = SimpleNamespace(value=0)
-    model = SimpleNamespace(stop_training=False, optimizer=SimpleNamespace(
-        iterations=SimpleNamespace(numpy=lambda: iterations.value)))
+    # A Keras variable's ``value`` is its backend variable; here a plain int stands for it.
+    model = SimpleNamespace(stop_training=False, optimizer=SimpleNamespace(iterations=iterations))
     guard = TrainingGuard(comm, periods)
     guard.set_model(model)
     guard.on_train_begin()

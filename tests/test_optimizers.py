@@ -16,13 +16,13 @@ import tensorflow as tf
 
 from tests.conftest import run_process
 from tests.equivalence import max_abs_diff
+from tfscale.callbacks import optimizer_step
 from tfscale.config import TrainConfig
 from tfscale.optimizers import (
     LARC,
     LARS,
     WarmupDecay,
     build_optimizer,
-    optimizer_step,
     scaled_learning_rate,
 )
 

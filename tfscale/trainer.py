@@ -37,7 +37,7 @@ from tfscale.events import EventLog
 from tfscale.files import write_json_atomic
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
-from tfscale.optimizers import accumulate_gradients, build_optimizer, optimizer_step
+from tfscale.optimizers import accumulate_gradients, build_optimizer
 from tfscale.recompute import recompute_blocks
 from tfscale.strategies import Strategy, create, running
 from tfscale.sync_bn import synchronize_under_strategy
@@ -252,7 +252,7 @@ class Trainer:
             rank_zero.log(f"warning: checkpoint of step {restored['step']} holds no pending "
                           "gradients of --gradient_lag (written without the lag): the first "
                           "step after resuming applies none")
-        start = int(strategy.broadcast([float(optimizer_step(model))])[0])
+        start = int(strategy.broadcast([float(cbs.optimizer_step(model))])[0])
         if start >= total:
             rank_zero.log(f"{self.model_dir} is already trained to step {start} of {total}; "
                           "nothing to do (raise --steps to train further)")
@@ -283,7 +283,7 @@ class Trainer:
             raise
         finally:
             self.events.emit("run_stop", status=status,
-                             step=optimizer_step(model))
+                             step=cbs.optimizer_step(model))
 
     def _fit(self, model: keras.Model, named: dict[str, Any], train: input_pipelines.Batches,
              start: int, total: int, steps_per_epoch: int) -> dict[str, Any]:
@@ -331,7 +331,7 @@ class Trainer:
         window = named["progress"].window_loss
         last = window if math.isfinite(window) else float(logs.get("loss", math.nan))
         final_loss = float(strategy.all_reduce([last])[0])
-        step = optimizer_step(model)
+        step = cbs.optimizer_step(model)
         out = {
             "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
             "num_workers": strategy.size, "replicas_per_worker": strategy.replicas_in_process,

@@ -10,6 +10,7 @@ from tfscale.callbacks.guard import TrainingGuard
 from tfscale.callbacks.metric_average import MetricAverage
 from tfscale.callbacks.profile import ProfileSteps
 from tfscale.callbacks.progress import ProgressLogger
+from tfscale.callbacks.step import optimizer_step
 from tfscale.callbacks.target import TargetStop
 from tfscale.callbacks.throughput import ThroughputMeter
 from tfscale.callbacks.warmup import LearningRateWarmup
@@ -17,4 +18,4 @@ from tfscale.callbacks.warmup import LearningRateWarmup
 __all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "DDLGlobalVariablesBroadcast",
            "DDLMetricSync", "EpochEvents", "Evaluation", "LearningRateWarmup", "MetricAverage",
            "ProfileSteps", "ProgressLogger", "TargetStop", "ThroughputMeter", "TrainingGuard",
-           "check_ddl_order"]
+           "check_ddl_order", "optimizer_step"]

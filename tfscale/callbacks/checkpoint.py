@@ -9,9 +9,9 @@ from typing import Any
 import keras
 
 from tfscale import rank_zero
+from tfscale.callbacks.step import optimizer_step
 from tfscale.checkpointing import CheckpointError, CheckpointManager
 from tfscale.collectives.optimizer import averaged_lag_gradients
-from tfscale.optimizers import optimizer_step
 
 
 class Checkpoint(keras.callbacks.Callback):

@@ -8,7 +8,7 @@ from typing import Any
 
 import keras
 
-from tfscale.optimizers import optimizer_step
+from tfscale.callbacks.step import optimizer_step
 
 # (model) -> (job-wide metrics, examples evaluated); a collective, e.g.
 # tfscale.evaluation.Evaluator.evaluate.

@@ -6,8 +6,8 @@ from typing import Any
 
 import keras
 
+from tfscale.callbacks.step import optimizer_step
 from tfscale.events import EventLog
-from tfscale.optimizers import optimizer_step
 
 
 class EpochEvents(keras.callbacks.Callback):

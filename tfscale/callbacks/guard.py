@@ -11,8 +11,8 @@ from typing import Any
 
 import keras
 
+from tfscale.callbacks.step import optimizer_step
 from tfscale.collectives.interface import Collectives
-from tfscale.optimizers import optimizer_step
 
 
 class TrainingGuard(keras.callbacks.Callback):

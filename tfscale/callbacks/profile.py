@@ -6,7 +6,7 @@ from typing import Any
 
 import keras
 
-from tfscale.optimizers import optimizer_step
+from tfscale.callbacks.step import optimizer_step
 
 
 class ProfileSteps(keras.callbacks.Callback):

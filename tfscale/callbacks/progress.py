@@ -9,7 +9,7 @@ from typing import Any
 import keras
 
 from tfscale import rank_zero
-from tfscale.optimizers import optimizer_step
+from tfscale.callbacks.step import optimizer_step
 
 
 class ProgressLogger(keras.callbacks.Callback):
