@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -207,9 +209,16 @@ def test_the_trainer_reports_bad_data_in_one_line(tmp_path):
         ([*tiramisu, f"--data_dir={tmp_path}/climate"],
          f"{tmp_path}/climate/train/c.h5: samples have data shape (20, 20, 2)"),
     ]
-    for flags, message in cases:
+
+    def train(case: int) -> subprocess.CompletedProcess[str]:
+        flags = cases[case][0]
         model = [] if "--model=tiramisu_tiny" in flags else ["--model=tiny_cnn"]
-        proc = run_train(*CLI, *model, *flags, f"--model_dir={tmp_path}/run", timeout=120)
+        return run_train(*CLI, *model, *flags, f"--model_dir={tmp_path}/run{case}", timeout=120)
+
+    # Two at a time: each run is mostly TensorFlow's import, on one core.
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(train, range(len(cases))))
+    for (_, message), proc in zip(cases, procs, strict=True):
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert f"error: {message}" in proc.stderr
         assert "Traceback" not in proc.stderr
