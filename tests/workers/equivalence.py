@@ -1,11 +1,12 @@
 """Worker for the strategy-equivalence tests.
 
 Trains ``tiny_cnn`` (no batch norm) with plain SGD for ``--steps`` steps under ``--strategy``,
-on fixed data: step ``i``'s global batch is the same whatever the strategy, and each replica
-reads its own contiguous slice of it. Workers start from different random weights (seed +
-rank), so identical results also prove the initial broadcast. Each process writes its final
-weights to ``OUT/rank<R>.npz``, and to ``OUT/rank<R>.json`` what its training steps ran: forward
-passes, the largest batch one of them saw, and (Horovod) grouped all-reduces.
+on fixed data: step ``i``'s global batch is the same whatever the strategy (and however the
+steps are split into ``--epochs``), and each replica reads its own contiguous slice of it.
+Workers start from different random weights (seed + rank), so identical results also prove the
+initial broadcast. Each process writes its final weights to ``OUT/rank<R>.npz``, and to
+``OUT/rank<R>.json`` what its training steps ran: forward passes, the largest batch one of them
+saw, and (Horovod) grouped all-reduces.
 
 With ``--grad_accum_steps K`` a step is K micro-batches of ``--batch`` per replica
 (:func:`tfscale.optimizers.accumulate_gradients`).
@@ -98,6 +99,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="split the steps over this many epochs of model.fit")
     parser.add_argument("--batch", type=int, default=4, help="per-replica batch")
     parser.add_argument("--cpu_replicas", type=int, default=0)
     parser.add_argument("--ddl_local_size", type=int, default=0)
@@ -129,8 +132,11 @@ def main() -> None:
             accumulate_gradients(model, micro)
             strategy.prepare_model(model)
         counts.count_forward(model)
-        history = model.fit(strategy.distribute_dataset(data), epochs=1,
-                            steps_per_epoch=args.steps, callbacks=strategy.callbacks(),
+        if args.steps % args.epochs:
+            parser.error(f"--steps={args.steps} is not a multiple of --epochs={args.epochs}")
+        history = model.fit(strategy.distribute_dataset(data), epochs=args.epochs,
+                            steps_per_epoch=args.steps // args.epochs,
+                            callbacks=strategy.callbacks(),
                             verbose=0, shuffle=False)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         np.savez(Path(args.out) / f"rank{strategy.rank}.npz",
