@@ -89,10 +89,10 @@ def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
 
 def cpu_description() -> str:
     """The CPU model and its vector/bf16 instruction-set flags (figures depend on them)."""
-    from tfscale.precision import cpu_info
+    from tfscale.precision import cpu_info, vector_flags
 
     model, flags = cpu_info()
-    wide = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
+    wide = vector_flags(flags)
     return f"{model} ({wide})" if wide else model
 
 

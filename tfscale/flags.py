@@ -87,9 +87,10 @@ HELP: dict[str, str] = {
     "python -m input_pipelines.tools.class_weights.",
     "label_smoothing": "Label smoothing for classification.",
     "precision": "Compute precision (mixed = float16/bfloat16 compute, float32 variables). auto: "
-    "bfloat16 where the device computes it natively (CPUs with AVX512_BF16/AMX, GPUs from compute "
-    "capability 8.0), float16 on GPUs from 7.0, else fp32. An explicit mixed precision that the "
-    "hardware only emulates (e.g. bfloat16 on an AVX2-only CPU: ~10x slower) warns.",
+    "bfloat16 where the device computes it natively (CPUs with AVX512_BF16/AMX or Arm BF16, GPUs "
+    "from compute capability 8.0), float16 on GPUs from 7.0, else fp32. An explicit mixed "
+    "precision that the hardware only emulates (e.g. bfloat16 on an AVX2-only CPU: ~10x slower) "
+    "warns.",
     "xla": "off; jit = compile the training step; auto = TF auto-clustering.",
     "intra_op_threads": "TF intra-op threads (0 = TF's choice).",
     "inter_op_threads": "TF inter-op threads (0 = TF's choice).",

@@ -8,7 +8,9 @@ software). So:
 
 - GPUs (the first one decides): bfloat16 from compute capability 8.0 (Ampere), float16 from 7.0
   (Volta/Turing tensor cores), float32 below.
-- CPUs: bfloat16 with AVX512_BF16 or AMX-BF16 instructions; float16 is never native on CPUs
+- CPUs: bfloat16 with x86-64's AVX512_BF16 or AMX-BF16 instructions or Arm's BF16 extension
+  (``bf16`` in an aarch64 ``/proc/cpuinfo``'s Features: Neoverse V1/V2, e.g. AWS Graviton3/4,
+  where TensorFlow's oneDNN/ACL kernels use it; not Graviton2); float16 is never native on CPUs
   TensorFlow supports; float32 otherwise.
 
 :func:`detect` reads the machine (``/proc/cpuinfo``; TensorFlow's GPU list, so it imports
@@ -22,7 +24,10 @@ import dataclasses
 import platform
 from pathlib import Path
 
-CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86-64's two; aarch64's Features
+# Instruction-set flags that decide compute speed: x86-64's vector/matrix ones, aarch64's (not
+# "sme": on x86-64 that names AMD's memory encryption).
+VECTOR_FLAG_PREFIXES = ("avx", "amx", "fma", "asimd", "sve", "bf16", "i8mm")
 NATIVE = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 
 
@@ -50,8 +55,8 @@ class Hardware:
             major, minor = self.gpu_capabilities[0]
             device = f"GPU with compute capability {major}.{minor}"
         else:
-            wide = sorted(f for f in self.cpu_flags if f.startswith(("avx512", "amx")))
-            device = f"CPU {self.cpu_model or 'unknown'} ({' '.join(wide) or 'no AVX-512/AMX'})"
+            wide = vector_flags(self.cpu_flags)
+            device = f"CPU {self.cpu_model or 'unknown'} ({wide or 'no vector flags read'})"
         native = " and ".join(self.native) or "neither bfloat16 nor float16"
         return f"{device}: computes {native} natively"
 
@@ -98,6 +103,11 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, frozenset[str]
             flags = frozenset(value.split())
             break
     return model, flags
+
+
+def vector_flags(flags: frozenset[str]) -> str:
+    """The vector, matrix and bf16 instruction-set flags among ``flags``, sorted, one line."""
+    return " ".join(sorted(f for f in flags if f.startswith(VECTOR_FLAG_PREFIXES)))
 
 
 def detect() -> Hardware:
