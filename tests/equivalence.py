@@ -22,10 +22,10 @@ def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
-def reference(out: Path, batch: int, steps: int = 1) -> list[np.ndarray]:
+def reference(out: Path, batch: int, steps: int = 1, xla: str = "off") -> list[np.ndarray]:
     """Single-device run on the combined batch."""
     proc = run_process([*WORKER, "--strategy=default", f"--batch={batch}", f"--steps={steps}",
-                        f"--out={out}"], timeout=180)
+                        f"--xla={xla}", f"--out={out}"], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return load_weights(out / "rank0.npz")
 

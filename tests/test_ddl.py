@@ -19,6 +19,7 @@ from tests.conftest import TINY, read_results, requires_horovod, run_process, ru
 from tests.equivalence import WORKER, assert_replicas_equal, load_weights, max_abs_diff, reference
 from tfscale.callbacks import DDLGlobalVariablesBroadcast, DDLMetricSync, check_ddl_order
 from tfscale.collectives.hierarchical import Topology, fuse, unfuse
+from tfscale.config import TrainConfig
 from tfscale.strategies import STRATEGIES
 from tfscale.strategies.ddl import DDLStrategy
 
@@ -72,7 +73,8 @@ def test_fuse_pads_to_the_node_size_and_unfuse_restores_shapes() -> None:
 
 def test_ddl_is_a_registered_horovod_style_strategy() -> None:
     assert STRATEGIES.get("ddl") is DDLStrategy
-    assert DDLStrategy.launcher == "horovod" and DDLStrategy.jit_scope == "model"
+    assert DDLStrategy.launcher == "horovod"
+    assert DDLStrategy(TrainConfig(strategy="ddl")).jit_scope == "model"
 
 
 class RecordingComm:

@@ -209,7 +209,7 @@ def test_every_batch_norm_layer_of_the_zoo_models(model: str, flags: dict[str, i
 
 
 def test_refuses_xla_jit_where_collectives_cannot_be_compiled() -> None:
-    horovod_like = type("ModelJit", (DefaultStrategy,), {"jit_scope": "model"})
+    horovod_like = type("ModelJit", (DefaultStrategy,), {"_jit_scope": "model"})
     cfg = TrainConfig(model="resnet50_tiny", sync_bn=True, xla="jit")
     with pytest.raises(ValueError, match=r"--sync_bn does not combine with --xla=jit"):
         synchronize_under_strategy(_bn_model(), horovod_like(cfg), cfg)

@@ -91,7 +91,9 @@ HELP: dict[str, str] = {
     "from compute capability 8.0), float16 on GPUs from 7.0, else fp32. An explicit mixed "
     "precision that the hardware only emulates (e.g. bfloat16 on an AVX2-only CPU: ~10x slower) "
     "warns.",
-    "xla": "off; jit = compile the training step; auto = TF auto-clustering.",
+    "xla": "off; jit = compile the training step (the model's forward and backward passes only "
+    "where the gradient exchange cannot run in XLA: horovod, ddl, and mirrored/multiworker "
+    "replicas on CPUs); auto = TF auto-clustering.",
     "intra_op_threads": "TF intra-op threads (0 = TF's choice).",
     "inter_op_threads": "TF inter-op threads (0 = TF's choice).",
     "cpu_binding": "Bind each local worker to its own share of the cores (and size its thread "
@@ -118,8 +120,8 @@ HELP: dict[str, str] = {
     "all-reduce for horovod and multiworker when every worker is on one node, the node phases "
     "of ddl's hierarchical all-reduce; collectives: the strategy's own transport (Horovod's "
     "Gloo/MPI, TensorFlow's gRPC ring). auto: shared_memory where it applies (CPU-only x86-64 "
-    "workers on one node for horovod and multiworker, without --xla=jit for multiworker), else "
-    "collectives. --ddl_node_exchange is the old name.",
+    "workers on one node for horovod and multiworker), else collectives. --ddl_node_exchange is "
+    "the old name.",
     "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
     "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
     "cycle_time_ms": "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else, on "

@@ -97,10 +97,11 @@ def synchronize_under_strategy(model: keras.Model, strategy: Strategy,
     groups = replica_groups(config.sync_bn_group, strategy.num_replicas)
     if config.xla == "jit" and strategy.jit_scope == "model":
         raise ValueError(
-            f"--sync_bn does not combine with --xla=jit under --strategy={config.strategy}: "
-            "the batch-norm statistics are summed inside the model's forward pass, which "
-            "--xla=jit compiles, and this strategy's collectives cannot run inside XLA; use "
-            "--xla=auto or --xla=off")
+            f"--sync_bn does not combine with --xla=jit under --strategy={config.strategy} "
+            f"here ({strategy.num_replicas} replica(s)): the batch-norm statistics are summed "
+            "inside the model's forward pass, which --xla=jit compiles, and the sum cannot run "
+            "inside XLA (Horovod's ops; TensorFlow's collectives on CPUs); use --xla=auto or "
+            "--xla=off")
     try:
         count = synchronize_batch_norm(
             model, lambda t: strategy.replica_sum(t, config.sync_bn_group))

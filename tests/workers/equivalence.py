@@ -106,13 +106,14 @@ def main() -> None:
     parser.add_argument("--ddl_local_size", type=int, default=0)
     parser.add_argument("--grad_accum_steps", type=int, default=1)
     parser.add_argument("--node_exchange", default="auto")
+    parser.add_argument("--xla", default="off")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cfg = TrainConfig(model="tiny_cnn", strategy=args.strategy, batch_size=args.batch,
                       image_size=SHAPE[0], input_channels=SHAPE[2], num_classes=CLASSES,
                       cpu_replicas=args.cpu_replicas, ddl_local_size=args.ddl_local_size,
                       grad_accum_steps=args.grad_accum_steps, model_dir=args.out,
-                      node_exchange=args.node_exchange)
+                      node_exchange=args.node_exchange, xla=args.xla)
     configure_runtime(cfg)
     with running(create(cfg)) as strategy:
         micro = args.grad_accum_steps
@@ -128,7 +129,8 @@ def main() -> None:
             model = tiny_cnn(SHAPE, CLASSES)
             optimizer = strategy.wrap_optimizer(keras.optimizers.SGD(0.5))
             model.compile(optimizer=optimizer,
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          jit_compile=args.xla == "jit" and strategy.jit_scope == "step")
             accumulate_gradients(model, micro)
             strategy.prepare_model(model)
         counts.count_forward(model)

@@ -72,9 +72,10 @@ class Strategy(abc.ABC):
     Attributes:
         launcher: how its ranks find each other (:class:`Launcher`), which decides how
             ``--num_processes N`` and job scripts start them; ``NONE`` = single-process.
-        jit_scope: what ``--xla=jit`` compiles: ``"step"`` (Keras compiles the whole training
-            step, gradient exchange included) or ``"model"`` (only the model's forward and
-            backward pass, when the gradient exchange cannot run inside XLA).
+        jit_scope: what ``--xla=jit`` compiles (a property: it may depend on the devices set
+            up): ``"step"`` (Keras compiles the whole training step, gradient exchange
+            included) or ``"model"`` (only the model's forward and backward pass, when the
+            gradient exchange cannot run inside XLA); the class's ``_jit_scope`` by default.
         one_rank_per_gpu: each rank drives exactly one GPU (job scripts refuse
             ``--gpus_per_rank`` > 1).
         job_launchers: the job-script generators that can start it (``python -m
@@ -86,7 +87,7 @@ class Strategy(abc.ABC):
     """
 
     launcher: ClassVar[Launcher] = Launcher.NONE
-    jit_scope: ClassVar[str] = "step"
+    _jit_scope: ClassVar[str] = "step"
     one_rank_per_gpu: ClassVar[bool] = False
     job_launchers: ClassVar[frozenset[str]] = ALL_JOB_LAUNCHERS
     owned_flags: ClassVar[tuple[str, ...]] = ()
@@ -157,6 +158,10 @@ class Strategy(abc.ABC):
     def replicas_in_process(self) -> int:
         """Model replicas driven by this process (several for in-process mirroring)."""
         return 1
+
+    @property
+    def jit_scope(self) -> str:
+        return self._jit_scope
 
     @property
     def num_replicas(self) -> int:

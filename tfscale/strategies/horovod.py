@@ -108,7 +108,7 @@ class HorovodStrategy(Strategy):
     launcher = Launcher.HOROVOD
     # Horovod's XLA ops are left out of the build (see BUILD.md), so the all-reduce cannot be
     # inside an XLA-compiled training step: --xla=jit compiles the model's passes only.
-    jit_scope = "model"
+    _jit_scope = "model"
     one_rank_per_gpu = True
     job_launchers = ALL_JOB_LAUNCHERS | {"ddlrun"}
     # The lag lives in the optimizer's gradient exchange, which only these strategies own;

@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from tfscale.config import TrainConfig
-
 
 @contextlib.contextmanager
 def _peer_health_check(timeout_s: float) -> Iterator[None]:
@@ -94,15 +92,6 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     job_launchers = frozenset({"slurm", "lsf", "mpirun"})
     owned_flags = ("node_exchange",)
     tuning_flags = ("collective",)
-
-    @classmethod
-    def validate_config(cls, config: TrainConfig) -> None:
-        if config.node_exchange == "shared_memory" and config.xla == "jit":
-            raise ValueError(
-                "--node_exchange=shared_memory does not combine with --xla=jit under "
-                "--strategy=multiworker: XLA compiles the whole training step, and the "
-                "shared-memory exchange runs on the host outside XLA; use --xla=auto or "
-                "--node_exchange=collectives")
 
     @classmethod
     def check_environment(cls) -> None:
@@ -153,8 +142,9 @@ class MultiWorkerStrategy(TFDistributeStrategy):
 
     def _shared_memory_reduce(self, workers: list[str]) -> HierarchicalAllReduce | None:
         """The gradients' all-reduce through shared memory where ``--node_exchange`` takes it
-        (every worker on one host, one replica each, no --xla=jit), else None. A collective
-        when it can apply (every worker decides alike from the same flags and TF_CONFIG).
+        (every worker on one host, one replica each, and no --xla=jit compiling the whole step;
+        on CPUs it compiles the model's passes only), else None. A collective when it can apply
+        (every worker decides alike from the same flags, TF_CONFIG and devices).
 
         Raises:
             ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
@@ -162,7 +152,15 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         mode = self.config.node_exchange
         hosts = {worker.rsplit(":", 1)[0] for worker in workers}
         explicit = mode == "shared_memory"
-        if mode == "collectives" or self.config.xla == "jit":
+        if mode == "collectives":
+            return None
+        if self.config.xla == "jit" and self.jit_scope == "step":
+            if explicit:
+                raise ValueError(
+                    "--node_exchange=shared_memory does not combine with --xla=jit on GPUs: "
+                    "XLA compiles the whole training step there, and the shared-memory "
+                    "exchange runs on the host outside XLA; use --xla=auto or "
+                    "--node_exchange=collectives")
             return None
         if len(hosts) > 1 or self.replicas_in_process > 1:
             if explicit:

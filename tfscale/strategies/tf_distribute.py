@@ -29,6 +29,18 @@ class TFDistributeStrategy(Strategy):
     _gather_fn: Any
 
     @property
+    def jit_scope(self) -> str:
+        # TensorFlow's XLA has no collectives for CPU devices ("not yet implemented",
+        # b/194942685: multiworker's step failed to compile, then aborted with a double free),
+        # and a step over several CPU devices is not one XLA cluster (mirrored's failed: a
+        # replica's variable on another device). There each replica's model passes are
+        # compiled and the exchange stays outside XLA, as under Horovod.
+        if self.num_replicas == 1:  # nothing to exchange (TF's default strategy lists no devices)
+            return "step"
+        devices = self.tf_strategy.extended.worker_devices
+        return "step" if any("GPU" in d.upper() for d in devices) else "model"
+
+    @property
     def replicas_in_process(self) -> int:
         return int(self.tf_strategy.num_replicas_in_sync) // self.size
 
