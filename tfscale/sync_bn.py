@@ -95,7 +95,7 @@ def synchronize_under_strategy(model: keras.Model, strategy: Strategy,
             norm, or ``--xla=jit`` would compile the strategy's collectives into XLA.
     """
     groups = replica_groups(config.sync_bn_group, strategy.num_replicas)
-    if config.xla == "jit" and strategy.jit_scope == "model":
+    if strategy.jit_compiles == "model":
         raise ValueError(
             f"--sync_bn does not combine with --xla=jit under --strategy={config.strategy} "
             f"here ({strategy.num_replicas} replica(s)): the batch-norm statistics are summed "

@@ -182,7 +182,7 @@ class Trainer:
             optimizer = self.strategy.wrap_optimizer(optimizer)
             model.compile(optimizer=optimizer, loss=build_loss(cfg, self.task),
                           metrics=build_metrics(cfg, self.task),
-                          jit_compile=cfg.xla == "jit" and self.strategy.jit_scope == "step")
+                          jit_compile=self.strategy.jit_compiles == "step")
             optimizer.build(model.trainable_variables)
             accumulate_gradients(model, cfg.grad_accum_steps)
             if cfg.recompute:

@@ -109,6 +109,8 @@ def main() -> None:
     parser.add_argument("--xla", default="off")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.steps % args.epochs:
+        parser.error(f"--steps={args.steps} is not a multiple of --epochs={args.epochs}")
     cfg = TrainConfig(model="tiny_cnn", strategy=args.strategy, batch_size=args.batch,
                       image_size=SHAPE[0], input_channels=SHAPE[2], num_classes=CLASSES,
                       cpu_replicas=args.cpu_replicas, ddl_local_size=args.ddl_local_size,
@@ -130,12 +132,10 @@ def main() -> None:
             optimizer = strategy.wrap_optimizer(keras.optimizers.SGD(0.5))
             model.compile(optimizer=optimizer,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          jit_compile=args.xla == "jit" and strategy.jit_scope == "step")
+                          jit_compile=strategy.jit_compiles == "step")
             accumulate_gradients(model, micro)
             strategy.prepare_model(model)
         counts.count_forward(model)
-        if args.steps % args.epochs:
-            parser.error(f"--steps={args.steps} is not a multiple of --epochs={args.epochs}")
         history = model.fit(strategy.distribute_dataset(data), epochs=args.epochs,
                             steps_per_epoch=args.steps // args.epochs,
                             callbacks=strategy.callbacks(),

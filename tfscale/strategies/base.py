@@ -164,6 +164,11 @@ class Strategy(abc.ABC):
         return self._jit_scope
 
     @property
+    def jit_compiles(self) -> str | None:
+        """What this run's ``--xla=jit`` compiles (:attr:`jit_scope`); None without it."""
+        return self.jit_scope if self.config.xla == "jit" else None
+
+    @property
     def num_replicas(self) -> int:
         """Model replicas in the whole job; the global batch is batch_size x this."""
         return self.size * self.replicas_in_process
@@ -190,7 +195,7 @@ class Strategy(abc.ABC):
 
     def prepare_model(self, model: keras.Model) -> None:
         """Adjusts a compiled model for this strategy before ``fit``."""
-        if self.config.xla == "jit" and self.jit_scope == "model":
+        if self.jit_compiles == "model":
             jit_compile_forward(model)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:

@@ -154,7 +154,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         explicit = mode == "shared_memory"
         if mode == "collectives":
             return None
-        if self.config.xla == "jit" and self.jit_scope == "step":
+        if self.jit_compiles == "step":
             if explicit:
                 raise ValueError(
                     "--node_exchange=shared_memory does not combine with --xla=jit on GPUs: "
