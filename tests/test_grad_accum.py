@@ -118,7 +118,7 @@ def test_horovod_two_workers_equal_one_process(tmp_path: Path,
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counts = _check(tmp_path, combined)
     assert counts["allreduces"] == STEPS, "one gradient all-reduce per optimizer step"
-    assert "gradients through shared memory" in counts["describe"]
+    assert "gradients inside a node: shared memory" in counts["describe"]
 
 
 @pytest.mark.slow
@@ -132,7 +132,7 @@ def test_multiworker_two_workers_equal_one_process(tmp_path: Path,
     # The logged scalars of a step stay the worker's own (the epoch's are averaged by a
     # callback), so a step exchanges its gradients only.
     assert counts["allreduces"] == STEPS, "one gradient all-reduce per optimizer step"
-    assert "gradients through shared memory" in counts["describe"]
+    assert "gradients inside a node: shared memory" in counts["describe"]
 
 
 @pytest.mark.slow

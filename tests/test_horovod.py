@@ -21,13 +21,13 @@ def _horovod_workers(out: Path, steps: int, batch: int, *flags: str) -> None:
 
 
 @pytest.mark.parametrize(("exchange", "transport"), [("shared_memory", "shared memory"),
-                                                     ("collectives", "Horovod's transport")])
+                                                     ("collectives", "Horovod (Gloo)")])
 def test_one_step_equals_single_process_on_combined_batch(exchange: str, transport: str,
                                                           tmp_path: Path) -> None:
     _horovod_workers(tmp_path / "hvd", 1, 4, f"--node_exchange={exchange}")
     distributed = assert_replicas_equal(tmp_path / "hvd", 2)
     counts = json.loads((tmp_path / "hvd" / "rank0.json").read_text())
-    assert counts["describe"].endswith(f"gradients through {transport}")
+    assert counts["describe"].endswith(f"gradients inside a node: {transport}")
     assert counts["allreduces"] == 1
     single = reference(tmp_path / "ref", batch=8)
     assert max_abs_diff(distributed, single) < 1e-5

@@ -54,7 +54,7 @@ def test_horovod_timeline_and_autotune_log_are_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert read_results(tmp_path)["steps"] == 30
     # On one node the gradients would take shared memory and leave Horovod nothing to record.
-    assert "gradients through Horovod's transport" in proc.stdout
+    assert "gradients inside a node: Horovod (Gloo)" in proc.stdout
     timeline = (tmp_path / "horovod_timeline.json").read_text()
     # Horovod writes a JSON array of trace events and may leave it unterminated.
     events = json.loads(timeline.rstrip().rstrip(",") + ("" if timeline.rstrip().endswith("]")

@@ -157,14 +157,30 @@ def test_available_only_on_x86_64_with_a_writable_directory(
 
 
 class _FakeHorovod:
-    """The one collective node_exchange runs: rank 0's token, here this process's."""
+    """The collectives node_exchange runs, as in a job whose every process is this one:
+    rank 0's token (here this process's) and the sum of the shared-memory domains (here
+    this process's domain in every row)."""
+
+    Sum = "sum"
 
     def __init__(self) -> None:
         self.broadcasts = 0
+        self.allreduces = 0
 
     def broadcast(self, tensor: Any, root_rank: int, name: str) -> Any:
         self.broadcasts += 1
         return tensor
+
+    def allreduce(self, tensor: Any, op: str, name: str) -> Any:
+        import tensorflow as tf
+
+        self.allreduces += 1
+        table = tensor.numpy().reshape(-1, 64)
+        mine = table[table.any(axis=1)][0]
+        return tf.constant(np.tile(mine, (len(table), 1)).reshape(-1))
+
+    def local_size(self) -> int:
+        return 4
 
 
 @pytest.mark.parametrize("layout, mode, machine, chosen", [
@@ -178,9 +194,10 @@ def test_node_exchange_choice(layout: tuple[int, int], mode: str, machine: str, 
     monkeypatch.setattr(shared_memory.platform, "machine", lambda: machine)
     hvd = _FakeHorovod()
     topology = Topology.regular(layout[0] * layout[1], layout[1], rank=1)
-    exchange = node_exchange(hvd, topology, mode)
-    assert (exchange is not None) == chosen
+    exchange, plan = node_exchange(hvd, topology, mode)
+    assert (exchange is not None) == chosen == plan.shared_memory
     assert hvd.broadcasts == 1, "every process joins the token's broadcast, whatever it chooses"
+    assert hvd.allreduces == 1, "and the gathering of the shared-memory domains"
     if exchange is not None:
         assert (exchange.index, exchange.size) == (1, 2)
 
@@ -239,13 +256,14 @@ def test_horovod_takes_shared_memory_only_on_one_node(monkeypatch: pytest.Monkey
     assert one_node.node_transport == "shared memory" and one_node.transient
     assert (one_node.topology.size, one_node.node.index, one_node.node.size) == (4, 1, 4)
     assert reduction("collectives", 1) is None
-    assert reduction("auto", 2) is None, "across nodes the exchange stays on Horovod's transport"
+    # Across nodes the hierarchy needs Horovod's dynamic process sets, which the strategy's
+    # setup turns on for a multi-node job (the cluster tests run it for real).
+    assert reduction("auto", 2) is None
     for tool in ("horovod_timeline", "horovod_autotune"):  # they record and tune Horovod's
         strategy = HorovodStrategy(TrainConfig(strategy="horovod", **{tool: True}))
         strategy.comm = Comm(1)  # type: ignore[assignment]
         assert strategy.gradient_reduction() is None, tool
-    with pytest.raises(ValueError, match="only when all 4 ranks run on one node, and this job "
-                                         "spans 2; --strategy=ddl uses it inside each node"):
+    with pytest.raises(ValueError, match=r"across 2 nodes: .*process_sets='dynamic'"):
         reduction("shared_memory", 2)
 
 
@@ -265,7 +283,7 @@ def test_multiworker_takes_shared_memory_only_on_one_host() -> None:
     assert reduction("auto", two_hosts) is None
     assert reduction("auto", ["localhost:1", "localhost:2"], xla="jit") is None
     assert reduction("collectives", ["localhost:1", "localhost:2"]) is None
-    with pytest.raises(ValueError, match=r"only with all workers on one host, one replica each; "
-                                         r"the workers run on 2 hosts \(node1, node2\); use "
-                                         "--node_exchange=collectives"):
+    with pytest.raises(ValueError, match=r"only with all workers on one node, and they run on 2 "
+                                         r"hosts \(node1, node2\); --strategy=ddl uses it "
+                                         "inside each node; use --node_exchange=collectives"):
         reduction("shared_memory", two_hosts)

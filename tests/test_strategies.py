@@ -35,14 +35,14 @@ def _multiworker(out: Path, steps: int, batch: int, *flags: str) -> list:
 def _multiworker_collectives(out: Path, steps: int, batch: int, *flags: str) -> list:
     weights = _multiworker(out, steps, batch, "--node_exchange=collectives", *flags)
     describe = json.loads((out / "rank0.json").read_text())["describe"]
-    assert describe.endswith("gradients through TensorFlow's collectives (auto)"), describe
+    assert describe.endswith("gradients inside a node: gRPC (auto collectives)"), describe
     return weights
 
 
 def _multiworker_shared_memory(out: Path, steps: int, batch: int, *flags: str) -> list:
     weights = _multiworker(out, steps, batch, "--node_exchange=shared_memory", *flags)
     counts = json.loads((out / "rank0.json").read_text())
-    assert counts["describe"].endswith("gradients through shared memory"), counts["describe"]
+    assert counts["describe"].endswith("gradients inside a node: shared memory"), counts["describe"]
     # A step's logged scalars stay the worker's own (MetricAverage averages the epoch's).
     assert counts["allreduces"] == steps, "per step, one exchange of the gradients"
     return weights

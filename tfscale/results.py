@@ -22,6 +22,8 @@ def summary(results: dict[str, Any]) -> str:
     rows = [
         ("model / strategy", f"{results['model']} / {results['strategy']}"),
         ("workers x replicas", f"{results['num_workers']} x {results['replicas_per_worker']}"),
+        *([("hosts", describe_hosts(results["hosts"]))] if results.get("hosts") else []),
+        *([("exchange", results["exchange"])] if results.get("exchange") else []),
         ("global batch", describe_batch(results)),
         ("steps", f"{results['steps']} (this run: {results['steps_this_run']})"),
         ("images/sec (total)", f"{results['images_per_sec']:.2f}"),
@@ -41,6 +43,12 @@ def summary(results: dict[str, Any]) -> str:
              if k not in ("loss", "images_per_sec", "step_time_ms")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["== tfscale summary =="] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def describe_hosts(hosts: list[str]) -> str:
+    """The workers' hosts with their counts in order of appearance: ``node1 x2, node2 x2``."""
+    counts = {host: hosts.count(host) for host in dict.fromkeys(hosts)}
+    return ", ".join(f"{host} x{n}" for host, n in counts.items())
 
 
 def describe_batch(results: dict[str, Any]) -> str:

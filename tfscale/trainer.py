@@ -335,6 +335,8 @@ class Trainer:
         out = {
             "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
             "num_workers": strategy.size, "replicas_per_worker": strategy.replicas_in_process,
+            # Where each worker ran, and what carried its gradients inside and across nodes.
+            "hosts": strategy.hosts(), "exchange": strategy.exchange(),
             "global_batch_size": self.global_batch, "grad_accum_steps": cfg.grad_accum_steps,
             "steps": step,
             "steps_this_run": step - start, "images_per_sec": meter.images_per_sec,

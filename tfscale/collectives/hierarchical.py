@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from tfscale.collectives import shared_memory
+from tfscale.collectives import placement, shared_memory
 from tfscale.collectives.horovod import import_horovod
 from tfscale.collectives.interface import check_op, reduce_rows
 
@@ -190,33 +190,18 @@ def register_process_sets(hvd: ModuleType, topology: Topology) -> tuple[Any, Any
     return node_sets[topology.node_index], cross_sets[topology.local_index]
 
 
-def use_shared_memory(mode: str, local_size: int) -> bool:
-    """Whether the processes of a node exchange through shared memory: ``mode`` is
-    ``--node_exchange`` ("auto", "shared_memory" or "collectives") and ``local_size`` the
-    number of processes on the node. "auto" takes it on CPU-only x86-64 nodes.
-
-    Raises:
-        ValueError: for "shared_memory" where it cannot work, saying why.
-    """
-    if mode == "collectives" or local_size == 1:
-        return False
-    why_not = shared_memory.available()
-    if mode == "shared_memory" and why_not:
-        raise ValueError(f"--node_exchange=shared_memory cannot run here: {why_not}; "
-                         "use --node_exchange=collectives")
-    if why_not:
-        return False
-    if mode == "auto":
-        import tensorflow as tf
-
-        return not tf.config.list_physical_devices("GPU")
-    return True
+def horovod_transport(hvd: ModuleType) -> str:
+    """What carries Horovod's collectives in this job: "Horovod (MPI)" or "Horovod (Gloo)"."""
+    mpi = getattr(hvd, "mpi_enabled", lambda: False)()
+    return "Horovod (MPI)" if mpi else "Horovod (Gloo)"
 
 
 def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
-                  timeout_s: float = 0.0) -> shared_memory.NodeExchange | None:
+                  timeout_s: float = 0.0,
+                  ) -> tuple[shared_memory.NodeExchange | None, placement.ExchangePlan]:
     """The shared-memory exchange of this process's node, or None where the node phases stay
-    on Horovod (:func:`use_shared_memory` says no). A collective: every process must call it.
+    on Horovod, with the plan that says so (:func:`placement.plan_exchange`). A collective:
+    every process must call it.
 
     Args:
         mode: "auto", "shared_memory" or "collectives" (``--node_exchange``).
@@ -227,18 +212,24 @@ def node_exchange(hvd: ModuleType, topology: Topology, mode: str = "auto",
     """
     import tensorflow as tf
 
-    # Every process takes part in the token's broadcast, whatever it decides, so the job's
-    # collectives stay matched.
+    # Every process takes part in the token's broadcast and the domains' gathering, whatever
+    # it decides, so the job's collectives stay matched.
     token = int(hvd.broadcast(tf.constant([new_token()], tf.int64),
                               root_rank=0, name="tfscale.ddl.node_exchange").numpy()[0])
-    return node_exchange_for(token, topology, mode, timeout_s)
+    domains = placement.gather_strings(
+        placement.shm_domain(), topology.rank, topology.size,
+        lambda v: hvd.allreduce(tf.constant(v), op=hvd.Sum,
+                                name="tfscale.ddl.shm_domains").numpy())
+    plan = placement.plan_exchange(mode, topology.nodes, domains, horovod_transport(hvd))
+    return node_exchange_for(token, topology, plan, timeout_s), plan
 
 
-def node_exchange_for(token: int, topology: Topology, mode: str = "auto",
+def node_exchange_for(token: int, topology: Topology, plan: placement.ExchangePlan,
                       timeout_s: float = 0.0) -> shared_memory.NodeExchange | None:
-    """:func:`node_exchange` once the job agrees on ``token`` (rank 0's :func:`new_token`),
-    for strategies that broadcast it with their own collectives. Not a collective itself."""
-    if not use_shared_memory(mode, topology.local_size):
+    """:func:`node_exchange` once the job agrees on ``token`` (rank 0's :func:`new_token`) and
+    the ``plan``, for strategies that reach them with their own collectives. Not a collective
+    itself."""
+    if not plan.shared_memory:
         return None
     return shared_memory.NodeExchange(f"{token:012x}-node{topology.node_index}",
                                       topology.local_index, topology.local_size,
@@ -292,6 +283,7 @@ class HierarchicalAllReduce:
         compression: exchange floating-point buffers as float16.
         name: prefix of the Horovod tensor names (they must match across processes).
         node: the shared-memory exchange of phases 1 and 3, or None for Horovod's.
+        plan: what carries each phase (:func:`placement.plan_exchange`), for the logs.
         transient: with shared memory, return views of its buffers instead of copies. Such a
             result is overwritten two calls later, so only for tensors used up within the
             step that made them: gradients applied by the optimizer (the ``ddl`` strategy's
@@ -306,6 +298,7 @@ class HierarchicalAllReduce:
     name: str = "tfscale.ddl"
     node: shared_memory.NodeExchange | None = None
     transient: bool = False
+    plan: placement.ExchangePlan | None = None
 
     @classmethod
     def create(cls, local_size: int = 0, compression: bool = False,
@@ -325,18 +318,18 @@ class HierarchicalAllReduce:
         hvd = start_horovod()
         topology = discover_topology(hvd, local_size)
         node_set, cross_set = register_process_sets(hvd, topology)
-        node = node_exchange(hvd, topology, node_exchange_mode, timeout_s)
-        return cls(hvd, topology, node_set, cross_set, compression, node=node)
+        node, plan = node_exchange(hvd, topology, node_exchange_mode, timeout_s)
+        return cls(hvd, topology, node_set, cross_set, compression, node=node, plan=plan)
 
     @classmethod
     def on_one_node(cls, node: shared_memory.NodeExchange, compression: bool = False,
                     name: str = "tfscale.node", transient: bool = False,
-                    ) -> HierarchicalAllReduce:
+                    plan: placement.ExchangePlan | None = None) -> HierarchicalAllReduce:
         """The all-reduce of a job whose processes all run on one node, wholly through the
         shared-memory exchange ``node`` (no Horovod): phase 2 has nothing to do there. The
         ``horovod`` and ``multiworker`` strategies use it on CPU nodes."""
         topology = Topology.regular(node.size, node.size, node.index)
-        return cls(None, topology, None, None, compression, name, node, transient)
+        return cls(None, topology, None, None, compression, name, node, transient, plan)
 
     @property
     def node_transport(self) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import platform
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
@@ -217,6 +218,18 @@ class Strategy(abc.ABC):
     def barrier(self) -> None:
         """Waits until every process gets here."""
         self.all_reduce([0.0])
+
+    def hosts(self) -> list[str]:
+        """Every process's host name, in rank order (a collective: every process calls it)."""
+        from tfscale.collectives.placement import gather_strings
+
+        return gather_strings(platform.node(), self.rank, self.size,
+                              lambda values: self.all_reduce(values, "sum"))
+
+    def exchange(self) -> str:
+        """What carries the gradients inside a node and across nodes, for the logs and
+        results.json ("" for a strategy with nothing to exchange between processes)."""
+        return ""
 
     def describe(self) -> str:
         """One line for logs: the strategy and its layout."""

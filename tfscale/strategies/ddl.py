@@ -59,11 +59,13 @@ class DDLStrategy(HorovodStrategy):
         super().setup()
 
     def gradient_reduction(self) -> HierarchicalAllReduce:
-        # Transient: the optimizer applies the reduced gradients within the step.
-        return dataclasses.replace(HierarchicalAllReduce.create(
+        reduce = HierarchicalAllReduce.create(
             self.config.ddl_local_size, compression=self.config.fp16_allreduce,
             node_exchange_mode=self.node_exchange_mode(),
-            timeout_s=self.config.collective_timeout_s), transient=True)
+            timeout_s=self.config.collective_timeout_s)
+        self.exchange_plan = reduce.plan
+        # Transient: the optimizer applies the reduced gradients within the step.
+        return dataclasses.replace(reduce, transient=True)
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         from tfscale.callbacks import BroadcastInitialState, DDLMetricSync
@@ -78,7 +80,6 @@ class DDLStrategy(HorovodStrategy):
         else:
             lr = "learning rate not scaled (DDL scales it by the learners: --lr_scaling=linear)"
         assert self.reduce is not None
-        transport = self.reduce.node_transport
-        node = f" (inside a node: {transport})" if transport else ""
         return (f"{self.config.strategy}: {self.size} learner(s) on "
-                f"{self.reduce.topology.describe()}, hierarchical all-reduce{node}; {lr}")
+                f"{self.reduce.topology.describe()}, hierarchical all-reduce "
+                f"({self.exchange()}); {lr}")

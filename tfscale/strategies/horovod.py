@@ -17,6 +17,7 @@ Horovod is imported lazily so that the other strategies work without it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -26,13 +27,16 @@ import numpy as np
 
 from tfscale import cluster_env
 from tfscale.collectives.hierarchical import (
+    DYNAMIC_SETS_HINT,
     HierarchicalAllReduce,
     Topology,
+    horovod_transport,
     node_exchange,
-    use_shared_memory,
+    start_horovod,
 )
 from tfscale.collectives.horovod import HorovodCollectives, check_installed
 from tfscale.collectives.optimizer import DistributedOptimizer, with_gradient_reduction
+from tfscale.collectives.placement import ExchangePlan, plan_exchange, use_shared_memory
 from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
 
 if TYPE_CHECKING:
@@ -75,6 +79,11 @@ CPU_CYCLE_TIME_MS = 5.0
 SHARED_MEMORY_CYCLE_TIME_MS = 50.0
 
 
+def _dynamic_process_sets() -> bool:
+    """Whether Horovod runs with dynamic process sets (a hierarchical exchange needs them)."""
+    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
+
+
 def _has_gpu() -> bool:
     import tensorflow as tf
 
@@ -99,9 +108,12 @@ class HorovodStrategy(Strategy):
     Attributes:
         reduce: the gradients' all-reduce when it is not Horovod's ``grouped_allreduce``
             (shared memory on one node; ddl's hierarchical one), else None.
+        exchange_plan: what carries the gradients inside and across nodes (set up by
+            :meth:`gradient_reduction`).
     """
 
     reduce: HierarchicalAllReduce | None = None
+    exchange_plan: ExchangePlan | None = None
     # Set by apply_environment: it chose the shared-memory cycle time.
     _long_cycle = False
 
@@ -152,6 +164,10 @@ class HorovodStrategy(Strategy):
             # Horovod opens its timeline and autotune log in hvd.init(), in an existing folder.
             os.makedirs(self.config.model_dir, exist_ok=True)
         self.apply_environment()
+        if self._several_nodes() and self.node_exchange_mode() != "collectives":
+            # The exchange may be hierarchical (shared memory inside each node, Horovod across):
+            # its process sets are registered once the nodes are known.
+            start_horovod()
         self.comm = HorovodCollectives()
         self._check_size()
         pin_gpu(self.local_rank)
@@ -159,31 +175,58 @@ class HorovodStrategy(Strategy):
         self._check_long_cycle()
 
     def gradient_reduction(self) -> HierarchicalAllReduce | None:
-        """The gradients' all-reduce when it is not Horovod's ``grouped_allreduce``: shared
-        memory when all ranks run on one node and ``--node_exchange`` takes it. A collective
+        """The gradients' all-reduce when it is not Horovod's ``grouped_allreduce``: the node
+        phases in shared memory where :func:`placement.plan_exchange` takes it (on one node,
+        wholly there; on several, hierarchically with Horovod across nodes). A collective
         (every rank must call it).
 
         Raises:
             ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
         """
         hvd, mode = self.comm.hvd, self.node_exchange_mode()
+        nodes, local = int(hvd.cross_size()), int(hvd.local_size())
+        flat = [range(n * local, (n + 1) * local) for n in range(nodes)]
         if self.size == 1:
+            self.exchange_plan = ExchangePlan(False, "", "")
             return None
-        if int(hvd.cross_size()) > 1:
+        if nodes == 1:
+            node, self.exchange_plan = node_exchange(
+                hvd, Topology.regular(self.size, self.size, self.rank), mode,
+                self.config.collective_timeout_s)
+            if node is None:
+                return None
+            # Transient: the optimizer applies the reduced gradients within the step.
+            return HierarchicalAllReduce.on_one_node(node, self.config.fp16_allreduce,
+                                                     "tfscale.horovod", transient=True,
+                                                     plan=self.exchange_plan)
+        if mode == "shared_memory" and local > 1 and not _dynamic_process_sets():
+            raise ValueError(f"--node_exchange=shared_memory across {nodes} nodes: "
+                             f"{DYNAMIC_SETS_HINT}")
+        if mode == "collectives" or local == 1 or not _dynamic_process_sets():
+            self.exchange_plan = plan_exchange("collectives", flat, [], horovod_transport(hvd))
+            return None
+        try:
+            reduce = HierarchicalAllReduce.create(
+                compression=self.config.fp16_allreduce, node_exchange_mode=mode,
+                timeout_s=self.config.collective_timeout_s)
+        except ValueError:
             if mode == "shared_memory":
-                raise ValueError(
-                    f"--node_exchange=shared_memory: --strategy={self.config.strategy} "
-                    f"exchanges through shared memory only when all {self.size} ranks run on "
-                    f"one node, and this job spans {int(hvd.cross_size())}; --strategy=ddl uses "
-                    "it inside each node")
+                raise
+            # Nodes of unequal size: no hierarchy; every rank raised alike.
+            self.exchange_plan = plan_exchange("collectives", flat, [], horovod_transport(hvd))
             return None
-        node = node_exchange(hvd, Topology.regular(self.size, self.size, self.rank), mode,
-                             self.config.collective_timeout_s)
-        if node is None:
+        self.exchange_plan = reduce.plan
+        if reduce.node is None:
             return None
-        # Transient: the optimizer applies the reduced gradients within the step.
-        return HierarchicalAllReduce.on_one_node(node, self.config.fp16_allreduce,
-                                                 "tfscale.horovod", transient=True)
+        return dataclasses.replace(reduce, name="tfscale.horovod", transient=True)
+
+    def _several_nodes(self) -> bool:
+        """Whether, by the launcher's variables, the ranks of this job span several nodes."""
+        env = cluster_env.this_process()
+        return env.local_size < env.size
+
+    def exchange(self) -> str:
+        return "" if self.exchange_plan is None else self.exchange_plan.describe()
 
     def apply_environment(self) -> None:
         """Sets :meth:`environment`'s variables, and Horovod's cycle time for CPU training
@@ -275,8 +318,7 @@ class HorovodStrategy(Strategy):
                                     gradient_lag=self.config.gradient_lag)
 
     def describe(self) -> str:
-        via = "shared memory" if self.reduce is not None else "Horovod's transport"
-        return f"{super().describe()}; gradients through {via}"
+        return f"{super().describe()}; gradients {self.exchange()}"
 
     def callbacks(self) -> list[keras.callbacks.Callback]:
         # Imported here: the callbacks load Keras, which reading the class (--help, job

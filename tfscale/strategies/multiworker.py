@@ -42,6 +42,7 @@ from tfscale.collectives.hierarchical import (
     new_token,
     node_exchange_for,
 )
+from tfscale.collectives.placement import ExchangePlan, gather_strings, plan_exchange, shm_domain
 from tfscale.keras_version import check_keras_version
 from tfscale.strategies.base import Launcher
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
@@ -81,10 +82,12 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     Attributes:
         alone: one worker with at most one device: runs under the default strategy.
         reduce: the shared-memory all-reduce of the gradients, or None for TensorFlow's.
+        exchange_plan: what carries the gradients inside and across nodes.
     """
 
     alone = False
     reduce: HierarchicalAllReduce | None = None
+    exchange_plan: ExchangePlan | None = None
 
     launcher = Launcher.TF_CONFIG
     # horovodrun starts Horovod ranks only; the other launchers give each rank what its
@@ -141,45 +144,50 @@ class MultiWorkerStrategy(TFDistributeStrategy):
             keras_fix.keep_logs_local(self.tf_strategy)
 
     def _shared_memory_reduce(self, workers: list[str]) -> HierarchicalAllReduce | None:
-        """The gradients' all-reduce through shared memory where ``--node_exchange`` takes it
-        (every worker on one host, one replica each, and no --xla=jit compiling the whole step;
-        on CPUs it compiles the model's passes only), else None. A collective when it can apply
-        (every worker decides alike from the same flags, TF_CONFIG and devices).
+        """The gradients' all-reduce through shared memory where :func:`plan_exchange` takes
+        it (every worker on one node, one replica each, and no --xla=jit compiling the whole
+        step; on CPUs it compiles the model's passes only), else None. A collective (every
+        worker decides alike from the same flags, TF_CONFIG and devices).
 
         Raises:
             ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
         """
         mode = self.config.node_exchange
-        hosts = {worker.rsplit(":", 1)[0] for worker in workers}
+        hosts = [worker.rsplit(":", 1)[0] for worker in workers]
+        nodes = [[r for r, h in enumerate(hosts) if h == host] for host in dict.fromkeys(hosts)]
+        transport = f"gRPC ({self.config.collective} collectives)"
         explicit = mode == "shared_memory"
-        if mode == "collectives":
-            return None
+        why_not = ""
         if self.jit_compiles == "step":
+            why_not = ("XLA compiles the whole training step there, and the shared-memory "
+                       "exchange runs on the host outside XLA; use --xla=auto")
+        elif len(nodes) > 1:
+            why_not = (f"--strategy=multiworker exchanges through shared memory only with all "
+                       f"workers on one node, and they run on {len(nodes)} hosts "
+                       f"({', '.join(dict.fromkeys(hosts))}); --strategy=ddl uses it inside "
+                       "each node")
+        elif self.replicas_in_process > 1:
+            why_not = f"each worker has {self.replicas_in_process} replicas"
+        if mode == "collectives" or why_not:
             if explicit:
-                raise ValueError(
-                    "--node_exchange=shared_memory does not combine with --xla=jit on GPUs: "
-                    "XLA compiles the whole training step there, and the shared-memory "
-                    "exchange runs on the host outside XLA; use --xla=auto or "
-                    "--node_exchange=collectives")
+                raise ValueError(f"--node_exchange=shared_memory: {why_not}; use "
+                                 "--node_exchange=collectives")
+            self.exchange_plan = plan_exchange("collectives", nodes, [], transport)
             return None
-        if len(hosts) > 1 or self.replicas_in_process > 1:
-            if explicit:
-                where = (f"the workers run on {len(hosts)} hosts ({', '.join(sorted(hosts))})"
-                         if len(hosts) > 1 else
-                         f"each worker has {self.replicas_in_process} replicas")
-                raise ValueError(
-                    "--node_exchange=shared_memory: --strategy=multiworker exchanges through "
-                    f"shared memory only with all workers on one host, one replica each; {where}"
-                    "; use --node_exchange=collectives")
-            return None
+        domains = gather_strings(shm_domain(), self._rank, self._size,
+                                 lambda values: self.all_reduce(values, "sum"))
         # Rank 0's token names the segment; every worker takes part in its broadcast.
         token = int(self.broadcast([float(new_token())], root=0)[0])
+        self.exchange_plan = plan_exchange(mode, nodes, domains, transport)
         node = node_exchange_for(token, Topology.regular(self._size, self._size, self._rank),
-                                 mode, self.config.collective_timeout_s)
+                                 self.exchange_plan, self.config.collective_timeout_s)
         if node is None:
             return None
         return HierarchicalAllReduce.on_one_node(node, name="tfscale.multiworker",
-                                                 transient=True)
+                                                 transient=True, plan=self.exchange_plan)
+
+    def exchange(self) -> str:
+        return "" if self.exchange_plan is None else self.exchange_plan.describe()
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         if self.reduce is None:
@@ -213,9 +221,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         if self.alone:
             return (f"{super().describe()}: one worker, nothing to exchange, so TensorFlow's "
                     "default strategy")
-        via = ("shared memory" if self.reduce is not None
-               else f"TensorFlow's collectives ({self.config.collective})")
-        return f"{super().describe()}; gradients through {via}"
+        return f"{super().describe()}; gradients {self.exchange()}"
 
     @property
     def rank(self) -> int:
