@@ -72,6 +72,9 @@ declare("image_folder", "input_pipelines.datasets.image_folder:build",
 declare("imagenet", "input_pipelines.datasets.imagenet:build",
         "ImageNet-style JPEG classification from TFRecord shards "
         "(image/encoded, image/class/label)", CLASSIFICATION)
+declare("lmdb", "input_pipelines.datasets.lmdb:build",
+        "classification from LMDB environments of Caffe Datum records (encoded or raw "
+        "images), e.g. convert_imageset's or folder_to_lmdb's", CLASSIFICATION)
 declare("segmentation_h5", "input_pipelines.datasets.segmentation_h5:build",
         "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
         "normalized with stats.json", SEGMENTATION)

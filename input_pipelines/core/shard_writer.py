@@ -52,19 +52,22 @@ def fingerprint(identities: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(identities).encode()).hexdigest()
 
 
-def load_manifest(out_dir: str, header: dict[str, Any]) -> dict[str, Any]:
+def load_manifest(out_dir: str, header: dict[str, Any], fmt: str = "tfrecord") -> dict[str, Any]:
     """The manifest of ``out_dir`` (a new one from ``header`` when absent or describing
-    different data, e.g. other classes)."""
+    different data, e.g. other classes), for data files in format ``fmt``."""
     path = os.path.join(out_dir, MANIFEST)
     if os.path.isfile(path):
         manifest = read_json(path)
-        if all(manifest.get(k) == v for k, v in header.items()):
+        if manifest.get("format") == fmt and all(manifest.get(k) == v
+                                                 for k, v in header.items()):
             manifest.setdefault("splits", {})
             return dict(manifest)
-    return {**header, "version": 1, "format": "tfrecord", "splits": {}}
+    return {**header, "version": 1, "format": fmt, "splits": {}}
 
 
-def _still_valid(out_dir: str, old: dict[str, Any] | None, inputs: str) -> bool:
+def still_valid(out_dir: str, old: dict[str, Any] | None, inputs: str) -> bool:
+    """True when the file of manifest entry ``old`` was written from ``inputs`` (a
+    :func:`fingerprint`) and still has the size and checksum recorded."""
     if old is None or old.get("inputs") != inputs:
         return False
     path = os.path.join(out_dir, old["file"])
@@ -95,7 +98,7 @@ def write_split(out_dir: str, manifest: dict[str, Any], split: str, items: Seque
     for index, members in enumerate(deal(len(items), shards)):
         name = shard_name(split, index, shards)
         inputs = fingerprint([identities[i] for i in members])
-        if _still_valid(out_dir, old.get(name), inputs):
+        if still_valid(out_dir, old.get(name), inputs):
             done.append(old[name])
             skipped.append(name)
             progress.advance(old[name]["bytes"], items=1)
@@ -141,13 +144,17 @@ def _write_shard(out_dir: str, name: str, items: Sequence[T], inputs: str, encod
     return entry
 
 
-def converter_parser(prog: str, description: str, input_help: str) -> argparse.ArgumentParser:
-    """The arguments every converter shares: input and output folders and shard counts."""
+def converter_parser(prog: str, description: str, input_help: str,
+                     shards: bool = True) -> argparse.ArgumentParser:
+    """The arguments every converter shares: input and output folders, and the shard counts
+    when it writes shards."""
     parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
     parser.add_argument("--input_dir", required=True, help=input_help)
-    parser.add_argument("--output_dir", required=True, help="Where to write the shards.")
-    parser.add_argument("--shards", type=int, default=8, help="Training shards.")
-    parser.add_argument("--validation_shards", type=int, default=2, help="Validation shards.")
+    parser.add_argument("--output_dir", required=True, help="Where to write the dataset.")
+    if shards:
+        parser.add_argument("--shards", type=int, default=8, help="Training shards.")
+        parser.add_argument("--validation_shards", type=int, default=2,
+                            help="Validation shards.")
     return parser
 
 

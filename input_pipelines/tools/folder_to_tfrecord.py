@@ -18,6 +18,7 @@ finished shards whose inputs are unchanged are verified by checksum and skipped.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import random
@@ -52,12 +53,11 @@ def _feature(value: bytes | int) -> tf.train.Feature:
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
 
 
-def image_example(path: str, label: int, class_name: str, name: str, encoding: str,
-                  quality: int, stats: ImageStats | None = None) -> bytes:
-    """The serialized example of the image at ``path``, adding the pixels stored to ``stats``.
+def read_image(path: str) -> tuple[bytes, np.ndarray]:
+    """The bytes of the image file at ``path`` and the pixels they decode to.
 
     Raises:
-        DataError: the image does not decode (naming ``path``).
+        DataError: the file is not an image or does not decode (naming ``path``).
     """
     check_signature(path)
     with open(path, "rb") as f:
@@ -66,7 +66,19 @@ def image_example(path: str, label: int, class_name: str, name: str, encoding: s
         image = tf.io.decode_image(encoded, expand_animations=False)
     except tf.errors.OpError as err:
         raise DataError(f"{path}: cannot decode the image: {err.message.splitlines()[0]}") from None
-    stored: np.ndarray | None = image.numpy()  # the pixels the stored bytes decode to
+    return encoded, image.numpy()
+
+
+def stored_image(path: str, encoding: str, quality: int,
+                 stats: ImageStats | None = None) -> tuple[bytes, str, np.ndarray]:
+    """The bytes to store for the image at ``path`` under ``encoding``, their format
+    (``jpeg``, ``png`` ...) and the file's pixels; adds the stored pixels to ``stats``.
+
+    Raises:
+        DataError: the image does not decode (naming ``path``).
+    """
+    encoded, image = read_image(path)
+    stored: np.ndarray | None = image  # the pixels the stored bytes decode to
     is_jpeg = bool(tf.io.is_jpeg(encoded))
     if encoding == "jpeg" and not is_jpeg:
         if image.shape[-1] not in (1, 3):  # drop alpha: JPEG has none
@@ -76,7 +88,17 @@ def image_example(path: str, label: int, class_name: str, name: str, encoding: s
         stored = None  # the JPEG decodes a little differently: decode it for the statistics
     if stats is not None:
         stats.add(encoded, stored)
-    kind = "jpeg" if is_jpeg else os.path.splitext(path)[1].lstrip(".").lower()
+    return encoded, "jpeg" if is_jpeg else os.path.splitext(path)[1].lstrip(".").lower(), image
+
+
+def image_example(path: str, label: int, class_name: str, name: str, encoding: str,
+                  quality: int, stats: ImageStats | None = None) -> bytes:
+    """The serialized example of the image at ``path``, adding the pixels stored to ``stats``.
+
+    Raises:
+        DataError: the image does not decode (naming ``path``).
+    """
+    encoded, kind, image = stored_image(path, encoding, quality, stats)
     features = {
         "image/encoded": _feature(encoded), "image/format": _feature(kind.encode()),
         "image/class/label": _feature(label), "image/class/text": _feature(class_name.encode()),
@@ -107,6 +129,48 @@ def hold_out(folder: ImageFolder, fraction: float, seed: int) -> tuple[ImageFold
     return subset(train), subset(validation)
 
 
+def image_splits(input_dir: str, validation_fraction: float, seed: int) -> dict[str, ImageFolder]:
+    """The images of each split of ``input_dir``: ``train`` and, from a ``validation/`` folder
+    or held out with ``validation_fraction`` (see :func:`hold_out`), ``validation``.
+
+    Raises:
+        DataError: a bad folder, or a validation folder together with a fraction.
+    """
+    if not 0 <= validation_fraction < 1:
+        raise DataError(f"--validation_fraction={validation_fraction} is not valid; expected a "
+                        "fraction in [0, 1)")
+    train = list_images(input_dir, "train", "--input_dir")
+    has_validation = os.path.isdir(os.path.join(input_dir, "validation"))
+    if has_validation and validation_fraction:
+        raise DataError(f"{input_dir} has a validation/ folder; drop --validation_fraction or "
+                        "the folder")
+    if has_validation:
+        return {"train": train,
+                "validation": list_images(input_dir, "validation", "--input_dir")}
+    if validation_fraction:
+        train, held_out = hold_out(train, validation_fraction, seed)
+        return {"train": train, "validation": held_out}
+    print(f"note: {input_dir} has no validation/ folder: writing training images only "
+          "(hold some out with --validation_fraction, or put them in "
+          "INPUT_DIR/validation/CLASS/)", file=sys.stderr)
+    return {"train": train}
+
+
+def shuffled_items(folder: ImageFolder, input_dir: str, seed: int,
+                   settings: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (path, label) pairs of ``folder`` shuffled with ``seed``, and each one's identity
+    for resuming (its path, label, size and time, and the converter's ``settings``)."""
+    order = list(range(len(folder.paths)))
+    random.Random(seed).shuffle(order)
+    items = [(folder.paths[i], folder.labels[i]) for i in order]
+    identities = []
+    for path, label in items:
+        stat = os.stat(path)
+        identities.append(f"{os.path.relpath(path, input_dir)}|{label}|{stat.st_size}|"
+                          f"{stat.st_mtime_ns}|{settings}")
+    return items, identities
+
+
 def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int,
             encoding: str = "jpeg", quality: int = 95, seed: int = 0,
             validation_fraction: float = 0.0) -> dict[str, list[str]]:
@@ -118,30 +182,14 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
     Raises:
         DataError: a bad folder or image, or a bad argument.
     """
-    if encoding not in ENCODINGS:
-        raise DataError(f"--encoding={encoding!r} is not valid; choose one of: "
-                        f"{', '.join(ENCODINGS)}")
+    check_encoding(encoding, ENCODINGS)
     if min(shards, validation_shards) < 1:
         raise DataError("--shards and --validation_shards must be at least 1")
-    if not 0 <= validation_fraction < 1:
-        raise DataError(f"--validation_fraction={validation_fraction} is not valid; expected a "
-                        "fraction in [0, 1)")
-    train = list_images(input_dir, "train", "--input_dir")
+    folders = image_splits(input_dir, validation_fraction, seed)
+    train = folders["train"]
     splits = {"train": (train, shards)}
-    has_validation = os.path.isdir(os.path.join(input_dir, "validation"))
-    if has_validation and validation_fraction:
-        raise DataError(f"{input_dir} has a validation/ folder; drop --validation_fraction or "
-                        "the folder")
-    if has_validation:
-        splits["validation"] = (list_images(input_dir, "validation", "--input_dir"),
-                                validation_shards)
-    elif validation_fraction:
-        train, held_out = hold_out(train, validation_fraction, seed)
-        splits = {"train": (train, shards), "validation": (held_out, validation_shards)}
-    else:
-        print(f"note: {input_dir} has no validation/ folder: writing training shards only "
-              "(hold some out with --validation_fraction, or put them in "
-              "INPUT_DIR/validation/CLASS/)", file=sys.stderr)
+    if "validation" in folders:
+        splits["validation"] = (folders["validation"], validation_shards)
     os.makedirs(output_dir, exist_ok=True)
     header: dict[str, Any] = {"task": CLASSIFICATION, "classes": train.classes,
                               "encoding": encoding}
@@ -153,17 +201,10 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
     progress = Progress(f"writing {output_dir}", total, size)
     skipped = {}
     for split, (folder, count) in splits.items():
-        order = list(range(len(folder.paths)))
-        random.Random(seed).shuffle(order)
-        items = [(folder.paths[i], folder.labels[i]) for i in order]
         # Training shards carry pixel statistics; the marker makes shards of converters that
         # did not keep them be rewritten rather than skipped.
         marker = "|pixel_stats" if split == "train" else ""
-        identities = []
-        for path, label in items:
-            stat = os.stat(path)
-            identities.append(f"{os.path.relpath(path, input_dir)}|{label}|{stat.st_size}|"
-                              f"{stat.st_mtime_ns}|{encoding}|{quality}{marker}")
+        items, identities = shuffled_items(folder, input_dir, seed, f"{encoding}|{quality}{marker}")
 
         def encode(item: tuple[str, int], stats: ImageStats | None, root: str = folder.root,
                    classes: list[str] = folder.classes) -> tuple[bytes, int, int]:
@@ -184,17 +225,33 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
     return skipped
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = converter_parser("input_pipelines.tools.folder_to_tfrecord", __doc__.split("\n")[0],
-                              "Folder of class sub-folders.")
-    parser.add_argument("--encoding", default="jpeg", choices=ENCODINGS,
-                        help="jpeg: store JPEG (re-encode other formats); keep: store as is.")
+def image_parser(prog: str, description: str, encodings: Sequence[str],
+                 encoding_help: str, shards: bool = True) -> argparse.ArgumentParser:
+    """The arguments of the converters of image folders (:func:`converter_parser`'s and the
+    encoding, JPEG quality, seed and validation fraction)."""
+    parser = converter_parser(prog, description, "Folder of class sub-folders.", shards)
+    parser.add_argument("--encoding", default=encodings[0], choices=encodings,
+                        help=encoding_help)
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality of re-encoding.")
     parser.add_argument("--seed", type=int, default=0,
                         help="Seed of the record order and of --validation_fraction's choice.")
     parser.add_argument("--validation_fraction", type=float, default=0.0,
                         help="Without a validation/ folder: hold out this fraction of each "
                         "class for validation.")
+    return parser
+
+
+def check_encoding(encoding: str, encodings: Sequence[str]) -> None:
+    """Raises ``DataError`` unless ``encoding`` is one of ``encodings``."""
+    if encoding not in encodings:
+        raise DataError(f"--encoding={encoding!r} is not valid; choose one of: "
+                        f"{', '.join(encodings)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = image_parser("input_pipelines.tools.folder_to_tfrecord", __doc__.split("\n")[0],
+                          ENCODINGS, "jpeg: store JPEG (re-encode other formats); keep: store "
+                          "as is.")
     args = parser.parse_args(argv)
     return run_converter(args.output_dir, lambda: convert(
         args.input_dir, args.output_dir, args.shards, args.validation_shards, args.encoding,
