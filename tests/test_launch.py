@@ -90,7 +90,8 @@ def test_mpirun_binding_hosts_and_environment() -> None:
                   iface="ib0")
     bash_syntax_ok(text)
     for line in ("    -np 24 \\", f"    -H {hosts} \\",
-                 '    --map-by ppr:6:node:PE="$CORES_PER_RANK" --bind-to core \\',
+                 '    "${binding[@]}" \\',
+                 '  binding=(--map-by "ppr:6:node:PE=$CORES_PER_RANK" --bind-to core)',
                  '    "${forward[@]}" \\',
                  "    --mca btl_tcp_if_include ib0 --mca oob_tcp_if_include ib0 \\"):
         assert line in text.splitlines(), line
@@ -106,7 +107,8 @@ def test_horovodrun_gloo_and_mpi() -> None:
     assert "gloo_built()" in gloo
     mpi = script("horovodrun", hosts=parse_hosts("a:2,b:2"), gpus_per_node=2, mpi=True)
     bash_syntax_ok(mpi)
-    assert '--binding-args="--map-by ppr:2:node:PE=$CORES_PER_RANK --bind-to core"' in mpi
+    assert '--binding-args="${binding[*]}"' in mpi
+    assert '  binding=(--map-by ppr:2:node --bind-to none --oversubscribe)' in mpi.splitlines()
     assert "rank=${OMPI_COMM_WORLD_RANK:?" in rank_script(mpi) and "mpi_built()" in mpi
 
 

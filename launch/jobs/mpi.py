@@ -33,12 +33,8 @@ def _check(req: JobRequest) -> None:
                          "-H host1:slots,host2:slots (or --hostfile)")
 
 
-def _mapping(req: JobRequest) -> str:
-    return f'--map-by ppr:{req.ranks_per_node}:node:PE="$CORES_PER_RANK" --bind-to core'
-
-
 def _cores(req: JobRequest) -> list[str]:
-    return script.cores_per_rank(req, "$(nproc)")
+    return [*script.cores_per_rank(req, "$(nproc)", share=True), *script.mpi_binding(req)]
 
 
 @register("mpirun", "Open MPI mpirun on -H hosts: -np, --map-by/--bind-to, -x environment")
@@ -49,7 +45,7 @@ def render_mpirun(req: JobRequest) -> str:
     rank = script.rank_script(req, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                               "mpirun", tf_config_args=["--hosts", names, "--ranks_per_node",
                                                         str(req.ranks_per_node)])
-    launch = ["mpirun", f"-np {req.total_ranks}", f"-H {_hosts(req)}", _mapping(req),
+    launch = ["mpirun", f"-np {req.total_ranks}", f"-H {_hosts(req)}", '"${binding[@]}"',
               "--report-bindings", '"${forward[@]}"']
     if req.iface:
         launch.append(f"--mca btl_tcp_if_include {req.iface} "
@@ -72,8 +68,7 @@ def render_horovodrun(req: JobRequest) -> str:
         rank = script.rank_script(req, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                                   "horovodrun --mpi")
         launch = ["horovodrun", f"-np {req.total_ranks}", f"-H {_hosts(req)}", "--mpi",
-                  f'--binding-args="--map-by ppr:{req.ranks_per_node}:node:PE=$CORES_PER_RANK'
-                  ' --bind-to core"']
+                  '--binding-args="${binding[*]}"']
         extra = [*ROOT_LINES, *_cores(req)]
     else:
         rank = script.rank_script(req, "HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "horovodrun",

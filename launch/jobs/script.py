@@ -33,15 +33,37 @@ def command(parts: Sequence[str]) -> str:
     return " \\\n    ".join(parts)
 
 
-def cores_per_rank(req: JobRequest, cpus_on_node: str, name: str = "CORES_PER_RANK") -> list[str]:
+def cores_per_rank(req: JobRequest, cpus_on_node: str, name: str = "CORES_PER_RANK",
+                   share: bool = False) -> list[str]:
     """Lines setting shell variable ``name`` to the cores per rank: the request's number, or
     the node's CPUs (``cpus_on_node``, a shell expression) shared among its ranks at run time.
+
+    Args:
+        share: when a node has fewer CPUs than ranks, set 0 (the ranks share the CPUs,
+            unbound) and say so, instead of stopping the job. For launchers that can run more
+            ranks than cores (mpirun, horovodrun); Slurm would not allocate them.
     """
     if req.cores_per_rank:
         return [f"{name}={req.cores_per_rank}"]
-    return [f"{name}=$(( {cpus_on_node} / {req.ranks_per_node} ))",
-            f'[ "${name}" -ge 1 ] || {{ echo "error: {req.ranks_per_node} ranks per node but '
-            f'only {cpus_on_node} CPUs" >&2; exit 1; }}']
+    lines = [f"{name}=$(( {cpus_on_node} / {req.ranks_per_node} ))"]
+    if share:
+        return lines + [f'[ "${name}" -ge 1 ] || echo "[tfscale] warning: {req.ranks_per_node} '
+                        f'ranks per node share {cpus_on_node} CPU(s): they are not bound to '
+                        'cores" >&2']
+    return lines + [f'[ "${name}" -ge 1 ] || {{ echo "error: {req.ranks_per_node} ranks per node '
+                    f'but only {cpus_on_node} CPUs" >&2; exit 1; }}']
+
+
+def mpi_binding(req: JobRequest, name: str = "binding") -> list[str]:
+    """Lines setting shell array ``name`` to Open MPI's mapping and binding options: each
+    rank on its ``$CORES_PER_RANK`` cores, or, where the ranks share fewer cores
+    (:func:`cores_per_rank` with ``share``), mapped but not bound."""
+    ppr = f"ppr:{req.ranks_per_node}:node"
+    return ['if [ "$CORES_PER_RANK" -ge 1 ]; then',
+            f'  {name}=(--map-by "{ppr}:PE=$CORES_PER_RANK" --bind-to core)',
+            "else",
+            f"  {name}=(--map-by {ppr} --bind-to none --oversubscribe)",
+            "fi"]
 
 
 def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: str,
@@ -82,9 +104,10 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
                   f"TF_CONFIG=$({quote(resolve)})", "export TF_CONFIG"]
     run = quote(args) + (' --stage_dir="$stage_dir"' if req.stage_dir else "")
     if taskset:
-        lines += [*cores_per_rank(req, "$(nproc)", "cores"), "first=$((local_rank * cores))",
+        lines += [*cores_per_rank(req, "$(nproc)", "cores", share=True),
+                  "first=$((local_rank * cores))",
                   'run=(taskset -c "$first-$((first + cores - 1))")',
-                  'command -v taskset >/dev/null || run=()']
+                  '{ command -v taskset >/dev/null && [ "$cores" -ge 1 ]; } || run=()']
         run = '"${run[@]}" ' + run
     lines += ['echo "[tfscale] rank $rank (local $local_rank) on $(hostname)'
               ' CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"', f"exec {run}"]

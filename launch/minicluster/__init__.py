@@ -62,6 +62,7 @@ def up(count: int = 2, say: Say = _print) -> list[Host]:
     running = _running()
     if running and len(running[1]) == count and _healthy(*running):
         say(f"already up: {', '.join(n.name for n in running[1])}")
+        _how_to_submit(say)
         return running[1]
     if running or _namespaces.existing_netns():
         say("a different or unhealthy cluster is there: taking it down first")
@@ -88,9 +89,13 @@ def up(count: int = 2, say: Say = _print) -> list[Host]:
         "cores": cores_note}, indent=1))
     say(f"up: slurmctld and munge on {HEAD}; slurmd and sshd on "
         f"{', '.join(n.name for n in the_nodes)}")
+    _how_to_submit(say)
+    return the_nodes
+
+
+def _how_to_submit(say: Say) -> None:
     say("submit with:  python -m launch.minicluster exec sbatch --wait JOB.sh")
     say("or run:       python -m launch.minicluster exec srun -N2 hostname")
-    return the_nodes
 
 
 def _host_json(host: Host) -> dict[str, object]:
@@ -144,7 +149,8 @@ def status(say: Say = print) -> int:
 
 def exec_command(command: Sequence[str], on: str = HEAD) -> int:
     """Runs ``command`` on host ``on`` (the head by default) in the cluster's namespaces, in
-    the current directory, with this process's environment; returns its exit code."""
+    the current directory, with this process's environment, and on a node on that node's
+    cores, as its daemons run; returns its exit code."""
     running = _running()
     if running is None:
         raise RuntimeError("the mini-cluster is down; start it with "
@@ -152,7 +158,9 @@ def exec_command(command: Sequence[str], on: str = HEAD) -> int:
     hosts = {h.name: h for h in (running[0], *running[1])}
     if on not in hosts:
         raise ValueError(f"--on={on!r}; the cluster's hosts are {', '.join(hosts)}")
-    return subprocess.call([*_namespaces.enter(hosts[on]), *command])
+    host = hosts[on]
+    cores = [] if on == HEAD else ["taskset", "-c", ",".join(map(str, host.cores))]
+    return subprocess.call([*_namespaces.enter(host), *cores, *command])
 
 
 def down(say: Say = _print) -> list[str]:

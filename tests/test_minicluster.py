@@ -1,0 +1,149 @@
+"""Two real nodes on this machine (launch.minicluster): job scripts as generated, under Slurm.
+
+One cluster serves the module (``up`` once, ``down`` at the end, also when a test fails). The
+nodes are Linux namespaces with their own host name, address and /dev/shm; where this machine
+cannot make namespaces (not root, a sandbox), every test here skips and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import launch.minicluster as minicluster
+from tests.conftest import ROOT, run_process
+from tests.equivalence import WORKER, assert_replicas_equal, max_abs_diff, reference
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+CLUSTER = [sys.executable, "-m", "launch.minicluster"]
+WHY_NOT = minicluster.why_not_possible()
+needs_namespaces = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "")
+
+
+def _on_cluster(*command: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return run_process([*CLUSTER, "exec", *command], timeout=timeout)
+
+
+@needs_namespaces
+def test_down_after_an_up_that_failed_halfway_leaves_nothing() -> None:
+    """Namespaces, holders and munge started, then the start-up stops: ``down`` finds all of
+    it by name and removes it (no namespace, process, mount or state directory left)."""
+    from launch.minicluster import _daemons, _layout, _namespaces
+
+    assert not _namespaces.existing_netns(), "a cluster is already up; run down first"
+    head, nodes = _layout.head((0,)), _layout.nodes(2, [(0,), (0,)])
+    try:
+        _daemons.write_configuration(head, nodes, cpus_per_node=1)
+        _namespaces.create_network(head, nodes)
+        for host in (head, *nodes):
+            _namespaces.start_holder(host, _daemons.binds(host, host is head))
+        assert len(_namespaces.processes_in(_namespaces.existing_netns())) >= 3
+    finally:
+        left = minicluster.down(lambda _: None)
+    assert left == [] and minicluster.leftovers() == []
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    if WHY_NOT:
+        pytest.skip(WHY_NOT)
+    up = run_process([*CLUSTER, "up", "--nodes=2"], timeout=600)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "submit with:" in up.stdout
+        again = run_process([*CLUSTER, "up", "--nodes=2"], timeout=120)
+        assert again.returncode == 0 and "already up: node1, node2" in again.stdout
+        status = run_process([*CLUSTER, "status"], timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "node1" in status.stdout and "idle" in status.stdout
+        yield
+    finally:
+        down = run_process([*CLUSTER, "down"], timeout=120)
+        assert down.returncode == 0 and "nothing left behind" in down.stdout, down.stdout
+        assert minicluster.leftovers() == []
+
+
+@pytest.mark.usefixtures("cluster")
+def test_nodes_are_separate_hosts_with_their_own_dev_shm(tmp_path: Path) -> None:
+    marker = Path("/dev/shm") / f"tfscale-test-{tmp_path.name}"
+    marker.write_text("host")
+    try:
+        proc = _on_cluster("srun", "-N2", "--ntasks-per-node=1", "sh", "-c",
+                           f'echo "$(hostname) $(test -e {marker} && echo sees || echo own)"')
+    finally:
+        marker.unlink()
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split("\n")[:2]) == ["node1 own", "node2 own"], proc.stdout
+    outside = _on_cluster("sh", "-c", "ip route get 1.1.1.1", timeout=30)
+    assert outside.returncode != 0, "the cluster's namespaces must have no route out"
+
+
+SHARED_MPI = "inside a node: shared memory; across nodes: Horovod (MPI)"
+
+
+@pytest.mark.usefixtures("cluster")
+@pytest.mark.parametrize("launcher, strategy, exchange", [
+    ("slurm", "horovod", SHARED_MPI),
+    ("slurm", "multiworker", "inside a node: gRPC (auto collectives); across nodes: gRPC "
+                             "(auto collectives)"),
+    ("slurm", "ddl", SHARED_MPI),
+    ("mpirun", "horovod", SHARED_MPI),
+    ("horovodrun", "horovod", "inside a node: shared memory; across nodes: Horovod (Gloo)"),
+])
+def test_generated_job_script_runs_across_two_nodes(launcher: str, strategy: str,
+                                                    exchange: str, tmp_path: Path) -> None:
+    """The script as launch.jobscript writes it: under sbatch, or started on node1 as a user
+    of an allocation would (mpirun and horovodrun reach node2 over ssh)."""
+    script, model_dir = tmp_path / "job.sh", tmp_path / "run"
+    where = ["--nodes=2"] if launcher == "slurm" else ["-H", "node1:2,node2:2"]
+    made = run_process([sys.executable, "-m", "launch.jobscript", launcher, *where,
+                        "--ranks_per_node=2", "--gpus_per_node=0", "--time=00:10:00",
+                        f"--log_dir={tmp_path / 'logs'}", f"--job_name=t-{strategy}",
+                        "-o", str(script), "--", "--model=mlp", "--image_size=16",
+                        f"--strategy={strategy}", "--batch_size=8", "--steps=2",
+                        "--tensorboard=false", f"--model_dir={model_dir}"], timeout=60)
+    assert made.returncode == 0, made.stderr
+    if launcher == "slurm":
+        # Slurm's own log goes to tmp_path (an sbatch option overrides the script's --output).
+        job = _on_cluster("sbatch", "--wait", f"--output={tmp_path}/slurm-%j.out", str(script))
+    else:
+        job = _on_cluster("--on", "node1", "bash", str(script))
+    logs = "\n".join(p.read_text()[-1500:] for p in sorted(tmp_path.rglob("*.log")))
+    assert job.returncode == 0, job.stdout + job.stderr + logs
+    results = json.loads((model_dir / "results.json").read_text())
+    assert results["num_workers"] == 4
+    assert results["hosts"] == ["node1", "node1", "node2", "node2"]
+    assert results["exchange"] == exchange
+    assert exchange in next((tmp_path / "logs").rglob("rank-0.log")).read_text()
+
+
+@pytest.mark.usefixtures("cluster")
+@pytest.mark.parametrize("strategy, exchange, transport", [
+    ("horovod", "auto", "inside a node: shared memory; across nodes: Horovod (MPI)"),
+    ("ddl", "shared_memory", "inside a node: shared memory; across nodes: Horovod (MPI)"),
+    ("ddl", "collectives", "inside a node: Horovod (MPI); across nodes: Horovod (MPI)"),
+    ("multiworker", "collectives", "inside a node: gRPC (auto collectives); across nodes: "
+                                   "gRPC (auto collectives)"),
+])
+def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
+        strategy: str, exchange: str, transport: str, tmp_path: Path) -> None:
+    """2 nodes x 2 ranks, 2 steps, against one process on the 4 x 4 batch (< 1e-5)."""
+    mpi = ["--mpi=pmix"] if strategy != "multiworker" else []
+    run = _on_cluster("srun", "-N2", "--ntasks-per-node=2", *mpi, "--kill-on-bad-exit=1",
+                      *WORKER, f"--strategy={strategy}", "--steps=2", "--batch=4",
+                      f"--node_exchange={exchange}", f"--out={tmp_path / 'dist'}")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    distributed = assert_replicas_equal(tmp_path / "dist", 4)
+    assert max_abs_diff(reference(tmp_path / "ref", 16, steps=2), distributed) < 1e-5
+    describe = json.loads((tmp_path / "dist" / "rank0.json").read_text())["describe"]
+    assert transport in describe, describe
+
+
+def test_the_cluster_module_answers_without_a_cluster() -> None:
+    proc = run_process([*CLUSTER, "--help"], timeout=60, cwd=ROOT)
+    assert proc.returncode == 0 and "up --nodes=2" in proc.stdout
