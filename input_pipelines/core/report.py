@@ -32,6 +32,12 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f}"
 
 
+def _clock(seconds: float) -> str:
+    """``seconds`` as ``H:MM:SS``."""
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
 class Progress:
     """A progress line for a job of ``total_items`` items and ``total_bytes`` bytes.
 
@@ -40,8 +46,10 @@ class Progress:
     """
 
     def __init__(self, label: str, total_items: int, total_bytes: int,
-                 stream: TextIO | None = None, interval: float = 5.0) -> None:
+                 stream: TextIO | None = None, interval: float = 5.0,
+                 unit: str = "files") -> None:
         self.label = label
+        self.unit = unit
         self.total_items = total_items
         self.total_bytes = total_bytes
         self.items = 0
@@ -53,11 +61,20 @@ class Progress:
         self._tty = self.stream.isatty()
 
     def line(self) -> str:
-        """The current state, e.g. ``staging: 3/8 files, 1.0/4.0 MiB, 2.5 MiB/s``."""
+        """The current state, e.g. ``staging: 3/8 files, 1.0/4.0 MiB, 2.5 MiB/s, ETA 0:00:03``
+        or, without a byte total, ``writing out: 300/1797 images, 150.0 images/s, ETA 0:00:10``.
+        """
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        return (f"{self.label}: {self.items}/{self.total_items} files, "
-                f"{_mib(self.bytes)}/{_mib(self.total_bytes)} MiB, "
-                f"{_mib(self.bytes / elapsed)} MiB/s")
+        if self.total_bytes:
+            amount = (f"{_mib(self.bytes)}/{_mib(self.total_bytes)} MiB, "
+                      f"{_mib(self.bytes / elapsed)} MiB/s")
+            done = self.bytes / self.total_bytes
+        else:
+            amount = f"{self.items / elapsed:.1f} {self.unit}/s"
+            done = self.items / max(self.total_items, 1)
+        left = f"ETA {_clock(elapsed * (1 - done) / done)}" if 0 < done < 1 else (
+            f"{_clock(elapsed)} elapsed")
+        return f"{self.label}: {self.items}/{self.total_items} {self.unit}, {amount}, {left}"
 
     def advance(self, nbytes: int = 0, items: int = 0) -> None:
         """Counts ``nbytes`` more bytes and ``items`` more finished items; redraws if due."""

@@ -36,7 +36,7 @@ def encode(data: np.ndarray, labels: np.ndarray) -> bytes:
         "labels": _bytes(labels.tobytes()),
         "labels/shape": _ints(labels.shape),
     }))
-    return example.SerializeToString()
+    return example.SerializeToString(deterministic=True)  # the same bytes in every process
 
 
 def decode(record: bytes) -> tuple[np.ndarray, np.ndarray]:

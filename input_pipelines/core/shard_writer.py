@@ -6,7 +6,9 @@ are dealt round-robin into ``N`` shards (sizes differ by at most one) named
 complete, then recorded in ``manifest.json`` (examples, bytes, SHA-256, label range, a
 fingerprint of its inputs, and any per-shard statistics the converter keeps). Re-running skips
 every shard whose file still matches its manifest entry and inputs, and removes shards of this
-split that an earlier run with another shard count left behind.
+split that an earlier run with another shard count left behind. Items are encoded on an
+:class:`~input_pipelines.core.encode_pool.EncodePool` (``--workers``) and written in order, so
+the shards are the same whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -16,25 +18,16 @@ import hashlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import tensorflow as tf
 
+from input_pipelines.core.encode_pool import Accumulator, Encode, EncodePool, available_cores
 from input_pipelines.core.manifest import MANIFEST, read_json, sha256_file
 from input_pipelines.core.report import Progress
 from tfscale.files import write_json_atomic
 
 T = TypeVar("T")
-
-
-class Accumulator(Protocol):
-    """Per-shard statistics a converter keeps (e.g. channel means)."""
-
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-# (item, shard accumulator) -> (serialized example, smallest label, largest label)
-Encode = Callable[[T, Any], tuple[bytes, int, int]]
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -77,7 +70,8 @@ def still_valid(out_dir: str, old: dict[str, Any] | None, inputs: str) -> bool:
 
 def write_split(out_dir: str, manifest: dict[str, Any], split: str, items: Sequence[T],
                 identities: Sequence[str], shards: int, encode: Encode[T],
-                new_accumulator: Callable[[], Accumulator] | None, progress: Progress) -> list[str]:
+                new_accumulator: Callable[[], Accumulator] | None, progress: Progress,
+                pool: EncodePool | None = None) -> list[str]:
     """Writes ``items`` as ``shards`` shards of ``split``, updating ``manifest`` on disk after
     each; returns the names of shards skipped as already written.
 
@@ -90,8 +84,10 @@ def write_split(out_dir: str, manifest: dict[str, Any], split: str, items: Seque
         shards: number of shards.
         encode: serializes one item (see :data:`Encode`).
         new_accumulator: makes the per-shard statistics object passed to ``encode``.
-        progress: advanced by one per shard and by the bytes written.
+        progress: advanced by one per item.
+        pool: encodes the items (in this process when ``None``).
     """
+    pool = pool or EncodePool(1)
     old = {e["file"]: e for e in manifest["splits"].get(split, {}).get("shards", [])}
     done: list[dict[str, Any]] = []
     skipped = []
@@ -101,10 +97,10 @@ def write_split(out_dir: str, manifest: dict[str, Any], split: str, items: Seque
         if still_valid(out_dir, old.get(name), inputs):
             done.append(old[name])
             skipped.append(name)
-            progress.advance(old[name]["bytes"], items=1)
+            progress.advance(items=len(members))
         else:
             done.append(_write_shard(out_dir, name, [items[i] for i in members], inputs,
-                                     encode, new_accumulator, progress))
+                                     encode, new_accumulator, progress, pool))
         manifest["splits"][split] = {"examples": sum(e["examples"] for e in done),
                                      "shards": done}
         write_json_atomic(os.path.join(out_dir, MANIFEST), manifest)
@@ -116,25 +112,26 @@ def write_split(out_dir: str, manifest: dict[str, Any], split: str, items: Seque
 
 def _write_shard(out_dir: str, name: str, items: Sequence[T], inputs: str, encode: Encode[T],
                  new_accumulator: Callable[[], Accumulator] | None,
-                 progress: Progress) -> dict[str, Any]:
+                 progress: Progress, pool: EncodePool) -> dict[str, Any]:
     path = os.path.join(out_dir, name)
     tmp = f"{path}.tmp.{os.getpid()}"
     accumulator = new_accumulator() if new_accumulator else None
     low, high = None, None
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
-            for item in items:
-                record, lo, hi = encode(item, accumulator)
+            for record, lo, hi, stats in pool.map(encode, new_accumulator, items):
                 writer.write(record)
                 low = lo if low is None else min(low, lo)
                 high = hi if high is None else max(high, hi)
+                if accumulator is not None and stats is not None:
+                    accumulator.merge(stats)
+                progress.advance(items=1)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
     os.replace(tmp, path)
     size = os.path.getsize(path)
-    progress.advance(size, items=1)
     entry: dict[str, Any] = {"file": name, "examples": len(items), "bytes": size,
                              "sha256": sha256_file(path), "inputs": inputs}
     if low is not None:
@@ -151,6 +148,9 @@ def converter_parser(prog: str, description: str, input_help: str,
     parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
     parser.add_argument("--input_dir", required=True, help=input_help)
     parser.add_argument("--output_dir", required=True, help="Where to write the dataset.")
+    parser.add_argument("--workers", type=int, default=available_cores(),
+                        help="Processes that encode (default: this machine's cores); the "
+                        "output is the same for any number.")
     if shards:
         parser.add_argument("--shards", type=int, default=8, help="Training shards.")
         parser.add_argument("--validation_shards", type=int, default=2,
