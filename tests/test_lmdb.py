@@ -203,7 +203,9 @@ def test_errors_name_the_environment_and_the_record(tmp_path):
               r"train/data.mdb: key 00000001_b: not a Caffe Datum"),
              ([caffe_raw(image(0, 4, 4), 9)], r"key 00000000_a: label 9 is outside \[0, 8\)"),
              ([CaffeDatum(channels=1, height=1, width=1, float_data=[0.5]).SerializeToString()],
-              "key 00000000_a: the Datum holds float_data")]
+              "key 00000000_a: the Datum holds float_data"),
+             ([caffe_raw(image(0, 4, 4), 1), caffe_encoded(b"\x89PNG\r\n\x1a\n broken", 1)],
+              "key 00000001_b: cannot decode the image")]
     for case, (values, message) in enumerate(cases):
         write_caffe_lmdb(tmp_path / str(case) / "train", list(zip("ab", values, strict=False)))
         with pytest.raises(DataError, match=message):

@@ -64,18 +64,27 @@ def image_of(datum: Datum, where: str) -> tuple[bytes, int, tuple[int, int, int]
     return datum.data, datum.label, (datum.channels, datum.height, datum.width)
 
 
+def _image(ranges: KeyRanges, key: bytes,
+           value: bytes | memoryview) -> tuple[bytes, int, tuple[int, int, int]]:
+    """:func:`image_of` the record ``key``: ``value`` of ``ranges``' environment.
+
+    Raises:
+        DataError: the record is not a Datum, or not an image Datum (naming its key).
+    """
+    where = f"{ranges.source}: key {key.decode(errors='replace')}"
+    try:
+        return image_of(decode(value), where)
+    except DatumError as err:
+        raise DataError(f"{where}: not a Caffe Datum: {err}") from None
+
+
 def reader(ranges: KeyRanges) -> mechanics.Reader:
     """A :data:`~input_pipelines.core.mechanics.Reader` of the named key ranges of ``ranges``."""
 
     def records(name: bytes, first: int, count: int) -> Iterator[tuple[int, Any]]:
         start = ranges.starts[name.decode()]
         for index, key, value in read_range(ranges.environment, start, int(first), int(count)):
-            where = f"{ranges.source}: key {key.decode(errors='replace')}"
-            try:
-                datum = decode(value)
-            except DatumError as err:
-                raise DataError(f"{where}: not a Caffe Datum: {err}") from None
-            yield index, image_of(datum, where)
+            yield index, _image(ranges, key, value)
 
     def read(name: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
         return tf.data.Dataset.from_generator(records, output_signature=SIGNATURE,
@@ -122,7 +131,8 @@ def check_labels(ranges: KeyRanges, num_classes: int) -> None:
 
 
 def check_small(ranges: KeyRanges, read: mechanics.Reader, config: TrainConfig) -> None:
-    """Decodes every record of this worker's ranges when the environment is small.
+    """Decodes every record of this worker's ranges when the environment is small (the Datums
+    here, where an error can name the key; the images in ``tf.data``, as training will).
 
     Raises:
         DataError: a record is not a Datum, its image does not decode, or its label is out
@@ -130,6 +140,9 @@ def check_small(ranges: KeyRanges, read: mechanics.Reader, config: TrainConfig) 
     """
     if os.path.getsize(os.path.join(ranges.environment, DATA_FILE)) > checks.FULL_CHECK_BYTES:
         return
+    for name, count in zip(ranges.names, ranges.counts, strict=True):
+        for _, key, value in read_range(ranges.environment, ranges.starts[name], 0, count):
+            _image(ranges, key, value)
     firsts = list(accumulate([0, *ranges.counts]))[:-1]
     table = (ranges.names, tf.constant(firsts, tf.int64), tf.constant(ranges.counts, tf.int64))
     records = tf.data.Dataset.from_tensor_slices(table).flat_map(read)
@@ -140,9 +153,6 @@ def check_small(ranges: KeyRanges, read: mechanics.Reader, config: TrainConfig) 
         lambda position: _key_at(ranges, position))
     if failure is not None:
         position, err = failure
-        message = err.message.split("DataError: ")[-1].splitlines()[0]
-        if "DataError: " in err.message:
-            raise DataError(message)
         raise DataError(f"{_key_at(ranges, position)}: cannot decode the image: "
                         f"{checks.first_line(err)}")
 
