@@ -1,0 +1,102 @@
+"""Time to accuracy: epochs a model needs at a global batch, from a small cited table.
+
+The rule the default table encodes (ResNet-50 on ImageNet): up to about 8K images per step the
+linear scaling rule with a gradual warmup keeps the small-batch accuracy in the same 90 epochs
+(Goyal et al. 2017); beyond that LARS (You et al. 2017) is needed, and the larger batch costs
+epochs or accuracy. Between rows, epochs and top-1 are interpolated in log2 of the batch; past
+the last row the last row's epochs hold (an extrapolation, and the report says so). A user's
+own table (``--accuracy_table FILE``) replaces the default one::
+
+    {"model": "resnet50", "dataset": "imagenet", "train_images": 1281167, "lars_above": 8192,
+     "rows": [{"global_batch": 8192, "epochs": 90, "top1": 0.763, "source": "..."}, ...]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TABLE = Path(__file__).with_name("data") / "accuracy_resnet50_imagenet.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Epochs:
+    """Epochs to the table's accuracy at one global batch."""
+
+    global_batch: int
+    epochs: float
+    top1: float
+    optimizer: str  # the rule in force: linear scaling + warmup, or LARS
+    extrapolated: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AccuracyTable:
+    """A validated epochs-per-batch table."""
+
+    model: str
+    train_images: int
+    lars_above: int
+    rows: tuple[tuple[int, float, float], ...]  # (global batch, epochs, top-1), by batch
+    path: Path
+
+    def at(self, global_batch: int) -> Epochs:
+        """Epochs and expected top-1 at ``global_batch`` (log2 interpolation between rows)."""
+        optimizer = "LARS" if global_batch > self.lars_above else "SGD, linear scaling + warmup"
+        rows = self.rows
+        if global_batch <= rows[0][0] or global_batch >= rows[-1][0]:
+            batch, epochs, top1 = rows[0] if global_batch <= rows[0][0] else rows[-1]
+            return Epochs(global_batch, epochs, top1, optimizer,
+                          global_batch > rows[-1][0] or global_batch < rows[0][0])
+        for (b0, e0, a0), (b1, e1, a1) in zip(rows, rows[1:], strict=False):
+            if b0 <= global_batch <= b1:
+                t = math.log2(global_batch / b0) / math.log2(b1 / b0)
+                return Epochs(global_batch, e0 + t * (e1 - e0), a0 + t * (a1 - a0), optimizer,
+                              False)
+        raise AssertionError("unreachable: rows are sorted")
+
+    def minutes(self, global_batch: int, images_per_sec: float) -> float:
+        """Training minutes to the table's accuracy at a forecast throughput."""
+        return self.at(global_batch).epochs * self.train_images / images_per_sec / 60.0
+
+
+def load_table(path: str | Path = DEFAULT_TABLE) -> AccuracyTable:
+    """Reads and validates an accuracy table.
+
+    Raises:
+        ValueError: naming the file and the bad field.
+    """
+    path = Path(path)
+    try:
+        doc: Any = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--accuracy_table={path}: {err}") from err
+
+    def fail(field: str, problem: str) -> ValueError:
+        return ValueError(f"{path}: field '{field}' {problem}")
+
+    if not isinstance(doc, dict):
+        raise fail("(top level)", "must be a JSON object")
+    for key in ("model", "train_images", "rows"):
+        if key not in doc:
+            raise fail(key, "is missing")
+    if not isinstance(doc["train_images"], int) or doc["train_images"] < 1:
+        raise fail("train_images", f"must be a whole number >= 1, got {doc['train_images']!r}")
+    if not isinstance(doc["rows"], list) or not doc["rows"]:
+        raise fail("rows", "must be a non-empty list")
+    rows = []
+    for i, row in enumerate(doc["rows"]):
+        for key in ("global_batch", "epochs", "top1", "source"):
+            if not isinstance(row, dict) or key not in row:
+                raise fail(f"rows[{i}].{key}", "is missing")
+        numbers = (row["global_batch"], row["epochs"], row["top1"])
+        if not all(isinstance(v, int | float) and v > 0 for v in numbers) or row["top1"] > 1:
+            raise fail(f"rows[{i}]", "needs global_batch > 0, epochs > 0 and 0 < top1 <= 1, "
+                       f"got {numbers}")
+        rows.append((int(row["global_batch"]), float(row["epochs"]), float(row["top1"])))
+    rows.sort()
+    return AccuracyTable(str(doc["model"]), int(doc["train_images"]),
+                         int(doc.get("lars_above", 8192)), tuple(rows), path)

@@ -1,0 +1,214 @@
+"""Machine files: a cluster's nodes, links and measured compute, each number with its source.
+
+A machine is a JSON file (presets ship in ``tfscale/forecast/machines/``)::
+
+    {"name": "summit", "description": "...",
+     "node": {"ranks": 6, "source": "..."},
+     "intra_node": {"bandwidth_GBps": 32, "latency_us": 1, "source": "..."},
+     "inter_node": {"bandwidth_GBps": 25, "latency_us": 1, "source": "..."},
+     "exchange": {"overlap": true, "source": "..."},
+     "models": {"resnet50": {"gradient_bytes": 102228128, "batch_size": 256,
+                             "measured_ranks": 6, "images_per_sec": {"mixed_float16": 5320},
+                             "backward_fraction": 0.667, "pipeline_images_per_sec": null,
+                             "source": "..."}}}
+
+Bandwidths are per direction in GB/s (1e9 bytes); ``inter_node`` is what one node can send
+into the network. ``images_per_sec`` is the throughput of ``measured_ranks`` ranks of one node
+at ``batch_size`` per rank, exchange included; the model takes its own forecast of that node's
+exchange out of it to get the compute time. ``pipeline_images_per_sec`` (per rank, optional)
+caps a step at what the input pipeline delivers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, NoReturn
+
+from tfscale.forecast.model import Link
+
+PRESET_DIR = Path(__file__).with_name("machines")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFigures:
+    """What a machine measured (or a paper published) for one model."""
+
+    gradient_bytes: float
+    batch_size: int
+    measured_ranks: int
+    images_per_sec: dict[str, float]
+    backward_fraction: float
+    pipeline_images_per_sec: float | None
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """A validated machine file."""
+
+    name: str
+    description: str
+    path: Path
+    ranks_per_node: int
+    intra: Link
+    inter: Link
+    overlap: bool
+    models: dict[str, ModelFigures]
+    raw: dict[str, Any]
+
+    def figures(self, model: str, precision: str) -> tuple[ModelFigures, float]:
+        """The model's figures and its node throughput at ``precision``.
+
+        Raises:
+            ValueError: naming the file and what it has instead.
+        """
+        if model not in self.models:
+            raise ValueError(f"{self.path}: machine {self.name!r} has no figures for model "
+                             f"{model!r}; it has: {', '.join(sorted(self.models)) or 'none'} "
+                             f"(add them with --calibrate)")
+        figures = self.models[model]
+        if precision not in figures.images_per_sec:
+            raise ValueError(f"{self.path}: machine {self.name!r} has no compute rate for "
+                             f"--precision={precision} of model {model!r}; it has: "
+                             f"{', '.join(sorted(figures.images_per_sec))}")
+        return figures, figures.images_per_sec[precision]
+
+
+def presets() -> list[str]:
+    """The names of the shipped machine files."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A preset's file, or the path given.
+
+    Raises:
+        ValueError: when it is neither, listing the presets.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"--machine={name_or_path}: no such file")
+        return path
+    preset = PRESET_DIR / f"{name_or_path}.json"
+    if not preset.is_file():
+        raise ValueError(f"--machine={name_or_path}: unknown machine; presets: "
+                         f"{', '.join(presets())}, or give a JSON file")
+    return preset
+
+
+def load(name_or_path: str) -> Machine:
+    """Reads and validates a machine file (a preset's name or a path).
+
+    Raises:
+        ValueError: naming the file and the bad field.
+    """
+    path = resolve(name_or_path)
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON: {err}") from err
+    return parse(raw, path)
+
+
+def parse(raw: Any, path: Path) -> Machine:
+    """Validates a machine document read from ``path``.
+
+    Raises:
+        ValueError: naming the file and the bad field.
+    """
+    check = _Checker(path)
+    doc = check.section(raw, "", ("name", "node", "intra_node", "inter_node", "models"))
+    node = check.section(doc["node"], "node", ("ranks", "source"))
+    exchange = doc.get("exchange", {"overlap": True, "source": "not given: overlap assumed"})
+    check.section(exchange, "exchange", ("overlap", "source"))
+    if not isinstance(exchange["overlap"], bool):
+        check.fail("exchange.overlap", "must be true or false", exchange["overlap"])
+    models = check.section(doc["models"], "models", ())
+    return Machine(
+        name=check.text(doc, "", "name"), description=str(doc.get("description", "")),
+        path=path, ranks_per_node=check.count(node, "node", "ranks"),
+        intra=check.link(doc["intra_node"], "intra_node"),
+        inter=check.link(doc["inter_node"], "inter_node"),
+        overlap=exchange["overlap"],
+        models={name: check.model(entry, f"models.{name}") for name, entry in models.items()},
+        raw=doc)
+
+
+class _Checker:
+    """Field checks whose errors name the file and the field's dotted path."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, field: str, problem: str, value: Any = ...) -> NoReturn:
+        got = "" if value is ... else f", got {value!r}"
+        raise ValueError(f"{self.path}: field '{field}' {problem}{got}")
+
+    def section(self, value: Any, where: str, required: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(where or "(top level)", "must be a JSON object", value)
+        for key in required:
+            if key not in value:
+                self.fail(f"{where}.{key}" if where else key, "is missing")
+        return value
+
+    def text(self, doc: dict[str, Any], where: str, key: str) -> str:
+        value = doc[key]
+        if not isinstance(value, str) or not value.strip():
+            self.fail(f"{where}.{key}" if where else key, "must be a non-empty string", value)
+        return value
+
+    def number(self, doc: dict[str, Any], where: str, key: str, *, low: float = 0.0,
+               high: float = math.inf, low_inclusive: bool = False) -> float:
+        if key not in doc:
+            self.fail(f"{where}.{key}", "is missing")
+        value = doc[key]
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
+            value) and (value >= low if low_inclusive else value > low) and value <= high
+        if not ok:
+            bound = ">=" if low_inclusive else ">"
+            self.fail(f"{where}.{key}", f"must be a number {bound} {low:g}"
+                      + (f" and <= {high:g}" if high < math.inf else ""), value)
+        return float(value)
+
+    def count(self, doc: dict[str, Any], where: str, key: str) -> int:
+        value = doc.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            self.fail(f"{where}.{key}", "must be a whole number >= 1", value)
+        return int(value)
+
+    def link(self, doc: Any, where: str) -> Link:
+        doc = self.section(doc, where, ("bandwidth_GBps", "latency_us", "source"))
+        self.text(doc, where, "source")
+        return Link(self.number(doc, where, "bandwidth_GBps"),
+                    self.number(doc, where, "latency_us", low_inclusive=True))
+
+    def model(self, doc: Any, where: str) -> ModelFigures:
+        doc = self.section(doc, where, ("gradient_bytes", "batch_size", "images_per_sec",
+                                        "source"))
+        rates = self.section(doc["images_per_sec"], f"{where}.images_per_sec", ())
+        if not rates:
+            self.fail(f"{where}.images_per_sec", "must name at least one precision")
+        from tfscale.config import PRECISIONS
+
+        for precision in rates:
+            if precision not in PRECISIONS or precision == "auto":
+                self.fail(f"{where}.images_per_sec", f"has unknown precision {precision!r}; "
+                          f"use {', '.join(p for p in PRECISIONS if p != 'auto')}")
+            self.number(rates, f"{where}.images_per_sec", precision)
+        pipeline = doc.get("pipeline_images_per_sec")
+        return ModelFigures(
+            gradient_bytes=self.number(doc, where, "gradient_bytes", low_inclusive=True),
+            batch_size=self.count(doc, where, "batch_size"),
+            measured_ranks=self.count(doc, where, "measured_ranks")
+            if "measured_ranks" in doc else 1,
+            images_per_sec={k: float(v) for k, v in rates.items()},
+            backward_fraction=self.number(doc, where, "backward_fraction", high=1.0)
+            if "backward_fraction" in doc else 2 / 3,
+            pipeline_images_per_sec=None if pipeline is None
+            else self.number(doc, where, "pipeline_images_per_sec"),
+            source=self.text(doc, where, "source"))

@@ -1,0 +1,182 @@
+"""The performance model: what one data-parallel training step costs at N nodes.
+
+Step time = compute + exposed exchange. The exchange is a gradient all-reduce, costed with the
+alpha-beta model (a fixed latency per message step plus bytes over bandwidth):
+
+- ring all-reduce over p ranks: ``2(p-1) * latency + 2(p-1)/p * bytes / bandwidth`` (a
+  reduce-scatter then an all-gather, each ``p-1`` steps of ``bytes/p``);
+- flat: one ring over every rank of every node; each of its ``2(p-1)`` steps waits for its
+  slowest hop, so the inter-node link sets both the latency and the bandwidth;
+- hierarchical (DDL, Horovod's hierarchical all-reduce): reduce-scatter inside the node,
+  all-reduce of each rank's ``1/L`` shard across nodes (the ``L`` ranks of a node share its
+  network), all-gather inside the node: fewer latency steps, more bytes over in-node links.
+
+Horovod's background thread wakes every cycle time, negotiates which gradients are ready (a
+small tree all-reduce over all ranks) and all-reduces them in messages of at most the fusion
+buffer. Gradients become ready evenly over the backward pass; messages go one after the other.
+What runs past the end of the backward pass is exposed; the rest overlaps it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+ALGORITHMS = ("flat", "hierarchical")
+FUSION_MB_CHOICES = (16.0, 32.0, 64.0, 128.0, 256.0)
+CYCLE_MS_CHOICES = (1.0, 2.5, 5.0, 10.0, 25.0)
+_MB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A link's bandwidth per direction (GB/s, 1e9 bytes) and latency per message step (us)."""
+
+    bandwidth_GBps: float
+    latency_us: float
+
+    def transfer_s(self, nbytes: float, steps: int) -> float:
+        """Seconds for ``steps`` latencies plus ``nbytes`` at the link's bandwidth."""
+        return steps * self.latency_us * 1e-6 + nbytes / (self.bandwidth_GBps * 1e9)
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks: ``2(p-1)`` steps of ``nbytes/p``."""
+    if ranks <= 1:
+        return 0.0
+    return link.transfer_s(2 * (ranks - 1) / ranks * nbytes, 2 * (ranks - 1))
+
+
+def reduce_scatter_s(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring reduce-scatter (or all-gather, the same cost): ``p-1`` steps of ``nbytes/p``."""
+    if ranks <= 1:
+        return 0.0
+    return link.transfer_s((ranks - 1) / ranks * nbytes, ranks - 1)
+
+
+def flat_allreduce_s(nbytes: float, local: int, nodes: int, intra: Link, inter: Link) -> float:
+    """One ring over all ``local * nodes`` ranks; across nodes every step waits for the slowest
+    hop (the ring crosses each node boundary once, so one message uses a node's network)."""
+    if nodes <= 1:
+        return ring_allreduce_s(nbytes, local, intra)
+    slowest = Link(min(intra.bandwidth_GBps, inter.bandwidth_GBps),
+                   max(intra.latency_us, inter.latency_us))
+    return ring_allreduce_s(nbytes, local * nodes, slowest)
+
+
+def hierarchical_allreduce_s(nbytes: float, local: int, nodes: int, intra: Link,
+                             inter: Link) -> float:
+    """Reduce-scatter in the node, all-reduce of each ``1/local`` shard across nodes (the node's
+    ``local`` rings share its network), all-gather in the node."""
+    across = Link(inter.bandwidth_GBps / local, inter.latency_us)
+    return (2 * reduce_scatter_s(nbytes, local, intra)
+            + ring_allreduce_s(nbytes / local, nodes, across))
+
+
+def negotiation_s(ranks: int, inter: Link) -> float:
+    """One cycle's negotiation: a tree all-reduce of a small bit vector over all ranks."""
+    return 0.0 if ranks <= 1 else 2 * math.ceil(math.log2(ranks)) * inter.latency_us * 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+    """How gradients are exchanged: algorithm, fp16 compression, fusion buffer, cycle time."""
+
+    algorithm: str = "flat"
+    fp16: bool = False
+    fusion_mb: float = 64.0
+    cycle_ms: float = 5.0
+
+    def describe(self) -> str:
+        return (f"{self.algorithm}{', fp16' if self.fp16 else ''}, fusion {self.fusion_mb:g} MB, "
+                f"cycle {self.cycle_ms:g} ms")
+
+    def allreduce(self, local: int, nodes: int, intra: Link,
+                  inter: Link) -> Callable[[float], float]:
+        """Seconds to all-reduce one fused message of ``nbytes`` (before compression)."""
+        algorithm = flat_allreduce_s if self.algorithm == "flat" else hierarchical_allreduce_s
+        scale = 0.5 if self.fp16 else 1.0
+        return lambda nbytes: algorithm(nbytes * scale, local, nodes, intra, inter)
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlap:
+    """The exchange of one step laid over its backward pass."""
+
+    exposed_s: float  # past the end of the backward pass
+    busy_s: float  # the exchange's own time, negotiation included
+    messages: int
+
+
+def overlap_exchange(gradient_bytes: float, backward_s: float, exchange: Exchange,
+                     allreduce: Callable[[float], float], negotiate_s: float = 0.0,
+                     overlap: bool = True) -> Overlap:
+    """Lays the step's all-reduces over its backward pass, cycle by cycle.
+
+    Args:
+        gradient_bytes: bytes of gradients per step (fp32, before compression).
+        backward_s: the backward pass's duration; gradients become ready evenly over it, or all
+            at its end when ``overlap`` is False (a worker whose exchange shares its cores).
+        exchange: fusion buffer and cycle time.
+        allreduce: seconds to all-reduce one message of N bytes.
+        negotiate_s: fixed cost of each cycle that sends something.
+        overlap: whether the exchange can run during the backward pass.
+
+    Returns:
+        What is exposed after the backward pass, and the exchange's busy time.
+    """
+    if gradient_bytes <= 0 or allreduce(gradient_bytes) <= 0:
+        return Overlap(0.0, 0.0, 0)
+    cycle = exchange.cycle_ms * 1e-3
+    fusion = exchange.fusion_mb * _MB
+    free = sent = busy = 0.0
+    messages = 0
+    tick = 0
+    while sent < gradient_bytes * (1 - 1e-12):
+        tick += 1
+        now = tick * cycle
+        if overlap and backward_s > 0:
+            ready = gradient_bytes * min(now / backward_s, 1.0)
+        else:
+            ready = gradient_bytes if now >= backward_s else 0.0
+        pending = ready - sent
+        if pending <= 0:
+            continue
+        start = max(now, free) + negotiate_s
+        busy += negotiate_s
+        while pending > 0:
+            chunk = min(pending, fusion)
+            cost = allreduce(chunk)
+            start += cost
+            busy += cost
+            pending -= chunk
+            sent += chunk
+            messages += 1
+        free = start
+    return Overlap(max(0.0, free - backward_s), busy, messages)
+
+
+def candidates(algorithm: str | None = None, fp16: bool | None = None,
+               fusion_mb: float | None = None,
+               cycle_ms: float | None = None) -> list[Exchange]:
+    """Every exchange the recommendation compares; a given value pins that choice."""
+    return [Exchange(a, f, b, c) for a, f, b, c in itertools.product(
+        [algorithm] if algorithm else ALGORITHMS,
+        [fp16] if fp16 is not None else (False, True),
+        [fusion_mb] if fusion_mb else FUSION_MB_CHOICES,
+        [cycle_ms] if cycle_ms else CYCLE_MS_CHOICES)]
+
+
+def best_exchange(step_of: Callable[[Exchange], float],
+                  options: Sequence[Exchange]) -> tuple[Exchange, float]:
+    """The option with the shortest step. fp16 compression changes the gradients, so it is
+    recommended only when it saves more than 1% of the step over the best exact option."""
+    steps = {option: step_of(option) for option in options}
+    exact = [o for o in options if not o.fp16] or list(options)
+    best = min(exact, key=lambda o: steps[o])
+    compressed = min(options, key=lambda o: steps[o])
+    if steps[compressed] < 0.99 * steps[best]:
+        best = compressed
+    return best, steps[best]
