@@ -46,7 +46,8 @@ _JSON = flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 _PLOT = flags.DEFINE_string("plot", "", "PNG path (empty: forecast_<machine>.png; none: no "
                             "plot).")
 _TABLE = flags.DEFINE_string("accuracy_table", str(accuracy.DEFAULT_TABLE),
-                             "Epochs-per-global-batch table for time to accuracy.")
+                             "Epochs-per-global-batch table for time to accuracy (none: "
+                             "leave it out).")
 _MEASURED = flags.DEFINE_list("measured", [], "NODES:IMAGES_PER_SEC of measured or published "
                               "runs: printed with the forecast's error and drawn on the plot.")
 _CALIBRATE = flags.DEFINE_boolean("calibrate", False, "Measure this node with tfscale.train and "
@@ -150,17 +151,17 @@ def run_forecast() -> int:
     nodes = _positive_ints(_NODES.value, "nodes")
     precision = _precision(machine, _MODEL.value)
     rows = _rows_for(machine, precision, nodes)
-    table = accuracy.load_table(_TABLE.value)
-    table_fits = table.model == _MODEL.value
+    table = None if _TABLE.value == "none" else accuracy.load_table(_TABLE.value)
+    table_fits = table is not None and table.model == _MODEL.value
     measured = _measured()
     text, records = _table(rows, table if table_fits else None, measured)
     print(f"== forecast: {_MODEL.value} on {machine.name} ({machine.path}), {precision}, "
           f"{rows[0].ranks // rows[0].nodes} ranks per node ==")
     print(text)
-    if table_fits and any(r.get("extrapolated") for r in records):
+    if table is not None and table_fits and any(r.get("extrapolated") for r in records):
         print(f"* global batch outside the accuracy table's rows ({table.rows[0][0]} to "
               f"{table.rows[-1][0]}): no published epochs there; the nearest row's are used")
-    if not table_fits:
+    if table is not None and not table_fits:
         print(f"(no time to accuracy: {table.path} is for {table.model!r})")
     if _JSON.value:
         write_json_atomic(_JSON.value, records)

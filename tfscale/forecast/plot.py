@@ -35,7 +35,7 @@ def write_png(rows: Sequence[Row], path: str | Path, title: str,
         rate_ax.plot([n for n, _ in points], [v for _, v in points], "s--",
                      label="measured / published")
         eff_ax.plot([n for n, _ in points], [100 * v / (base * n) for n, v in points], "s--",
-                    label="published")
+                    label="measured / published")
     for ax in (rate_ax, eff_ax):
         ax.set_xscale("log", base=2)
         ax.set_xticks(nodes, [str(n) for n in nodes])

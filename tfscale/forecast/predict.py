@@ -71,18 +71,23 @@ def _step_s(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchan
 
 def compute_s_per_image(plan: Plan) -> float:
     """A rank's compute seconds per image: the measured node step less the model's own forecast
-    of that node's exposed exchange (a fixed point: the exposure depends on the compute)."""
+    of that node's exposed exchange. The exposure depends on the compute (the backward pass it
+    hides behind), so the compute is the largest whose forecast step fits the measured one
+    (bisection; the step grows with the compute)."""
     figures, node_rate = plan.machine.figures(plan.model, plan.precision)
     measured = figures.batch_size * figures.measured_ranks / node_rate
-    compute = measured
     sub = dataclasses.replace(plan, batch_size=figures.batch_size)
-    for _ in range(20):
-        def step_of(option: Exchange, c: float = compute) -> float:
-            return _step_s(sub, 1, figures.measured_ranks, c, option)[0]
 
-        _, step = best_exchange(step_of, _options(plan))
-        compute = max(measured - (step - compute), 0.5 * measured)
-    return compute / figures.batch_size
+    def step(compute: float) -> float:
+        return best_exchange(
+            lambda option: _step_s(sub, 1, figures.measured_ranks, compute, option)[0],
+            _options(plan))[1]
+
+    low, high = 0.5 * measured, measured
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if step(middle) <= measured else (low, middle)
+    return low / figures.batch_size
 
 
 def _options(plan: Plan) -> list[Exchange]:
