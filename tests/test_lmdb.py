@@ -14,6 +14,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from input_pipelines.core import datum
 from input_pipelines.core.errors import DataError
+from input_pipelines.core.lmdb_env import MAX_RANGE, range_bounds
 from input_pipelines.core.manifest import sha256_file
 from input_pipelines.datasets import lmdb as lmdb_dataset
 from input_pipelines.tools import folder_to_lmdb
@@ -155,6 +156,18 @@ def test_two_workers_read_each_record_once_and_evaluate_exactly(tmp_path, record
                       pixels_of(lmdb_dataset.build(cfg, shard, "validation", 2).dataset)]
     assert sorted(epoch) == list(range(45))
     assert sorted(evaluated) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("records", "workers"), [(1438, 2), (45, 2), (3, 2), (100_000, 3)])
+def test_key_ranges_give_workers_equal_shares(records, workers):
+    # Workers whose shares differ across a batch boundary would run different step counts.
+    bounds = range_bounds(records, workers)
+    assert [b for b, _ in bounds] == [0, *(e for _, e in bounds[:-1])]
+    assert bounds[-1][1] == records and len(bounds) % workers in (0, records % workers)
+    sizes = [end - begin for begin, end in bounds]
+    assert max(sizes) - min(sizes) <= 1 and max(sizes) <= MAX_RANGE
+    shares = [sum(sizes[w::workers]) for w in range(workers)]
+    assert max(shares) - min(shares) <= 1
 
 
 def test_converter_writes_caffe_layout_with_manifest_and_resumes(tmp_path):

@@ -13,10 +13,12 @@ play the part files play for TFRecord: each worker reads every ``count``-th rang
 range, keeping every ``count``-th record, under ``--record_sharding``), so each record is read
 once per epoch across workers, and the ranges go through the shared ``tf.data`` mechanics
 (:mod:`input_pipelines.core.mechanics`: shuffled ranges, parallel interleave, exact
-evaluation). A range is read by a generator holding one read transaction and a cursor; ranges
-are small enough (at most :data:`MAX_RANGE` records, about :data:`RANGES_PER_WORKER` per
-worker) that the interleave keeps several in flight. ``--stage_dir`` copies ``data.mdb``
-(checked against the manifest when there is one) and the worker reads the copy.
+evaluation). Range sizes differ by at most one record and each worker gets as many ranges, so
+the workers' shares differ by at most one record. A range is read by a generator holding one
+read transaction and a cursor; ranges are small enough (at most :data:`MAX_RANGE` records,
+about :data:`RANGES_PER_WORKER` per worker) that the interleave keeps several in flight.
+``--stage_dir`` copies ``data.mdb`` (checked against the manifest when there is one) and the
+worker reads the copy.
 """
 
 from __future__ import annotations
@@ -140,19 +142,24 @@ class KeyRanges:
         return config.replace(record_sharding=self.record_sharding)
 
 
-def range_size(records: int, workers: int) -> int:
-    """Records per key range: about :data:`RANGES_PER_WORKER` ranges per worker."""
-    return max(1, min(MAX_RANGE, -(-records // (workers * RANGES_PER_WORKER))))
+def range_bounds(records: int, workers: int) -> list[tuple[int, int]]:
+    """``[begin, end)`` of each key range: a multiple of ``workers`` ranges (about
+    :data:`RANGES_PER_WORKER` each, more when ranges would exceed :data:`MAX_RANGE` records)
+    whose sizes differ by at most one, larger first, so dealing them round-robin gives every
+    worker the same number of records to within one, as dealing records to shards does."""
+    per_worker = max(RANGES_PER_WORKER, -(-records // (workers * MAX_RANGE)))
+    count = min(records, workers * per_worker)
+    size, larger = divmod(records, count)
+    ends = [(i + 1) * size + min(i + 1, larger) for i in range(count)]
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
-def _range_starts(environment: Any, size: int) -> list[bytes]:
-    """The first key of every ``size`` records, in key order (reads the keys only)."""
-    starts = []
+def _range_starts(environment: Any, bounds: list[tuple[int, int]]) -> list[bytes]:
+    """The first key of each range of ``bounds``, in key order (reads the keys only)."""
+    begins = {begin for begin, _ in bounds}
     with environment.begin() as txn:
-        for index, key in enumerate(txn.cursor().iternext(keys=True, values=False)):
-            if index % size == 0:
-                starts.append(bytes(key))
-    return starts
+        return [bytes(key) for index, key in
+                enumerate(txn.cursor().iternext(keys=True, values=False)) if index in begins]
 
 
 def worker_ranges(config: TrainConfig, shard: Shard, split: str) -> KeyRanges:
@@ -176,10 +183,10 @@ def worker_ranges(config: TrainConfig, shard: Shard, split: str) -> KeyRanges:
                                        f"{entry['examples']}")
     if records == 0:
         raise DataError(f"{source}: the LMDB environment holds no records")
-    size = range_size(records, shard.count)
-    starts = _range_starts(environment, size)
-    names = [f"{source}[{i * size}:{min((i + 1) * size, records)}]" for i in range(len(starts))]
-    counts = [min(size, records - i * size) for i in range(len(starts))]
+    bounds = range_bounds(records, shard.count)
+    starts = _range_starts(environment, bounds)
+    names = [f"{source}[{begin}:{end}]" for begin, end in bounds]
+    counts = [end - begin for begin, end in bounds]
     # As for files: evaluation counts every example once however the split is sharded, so a
     # validation split with fewer ranges than workers is sharded by record instead of refused.
     sharding = config.record_sharding or (split == "validation" and len(names) < shard.count)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from input_pipelines.core import checks, mechanics
@@ -39,10 +40,13 @@ from input_pipelines.core.lmdb_env import DATA_FILE, KeyRanges, read_range, work
 from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
 
-# (global index, (image bytes, label, raw shape [C, H, W] or zeros for an encoded image))
-SIGNATURE = (tf.TensorSpec([], tf.int64), (tf.TensorSpec([], tf.string),
-                                           tf.TensorSpec([], tf.int64),
-                                           tf.TensorSpec([3], tf.int32)))
+# A block of records: (global indices, (image bytes, labels, raw shapes [C, H, W], zeros for an
+# encoded image)); the generator hands over blocks because each call into Python costs far
+# more than decoding a Datum.
+SIGNATURE = (tf.TensorSpec([None], tf.int64), (tf.TensorSpec([None], tf.string),
+                                               tf.TensorSpec([None], tf.int64),
+                                               tf.TensorSpec([None, 3], tf.int32)))
+BLOCK = 64  # records per block
 RAW_CHANNELS = (1, 3)
 
 
@@ -78,17 +82,30 @@ def _image(ranges: KeyRanges, key: bytes,
         raise DataError(f"{where}: not a Caffe Datum: {err}") from None
 
 
+def _stacked(block: list[tuple[int, bytes, int, tuple[int, int, int]]]) -> tuple[Any, Any]:
+    """A block of (index, image bytes, label, shape) as the arrays of :data:`SIGNATURE`."""
+    indices, data, labels, shapes = zip(*block, strict=True)
+    return np.array(indices, np.int64), (np.array(data, object), np.array(labels, np.int64),
+                                         np.array(shapes, np.int32))
+
+
 def reader(ranges: KeyRanges) -> mechanics.Reader:
     """A :data:`~input_pipelines.core.mechanics.Reader` of the named key ranges of ``ranges``."""
 
-    def records(name: bytes, first: int, count: int) -> Iterator[tuple[int, Any]]:
+    def records(name: bytes, first: int, count: int) -> Iterator[tuple[Any, Any]]:
         start = ranges.starts[name.decode()]
+        block: list[tuple[int, bytes, int, tuple[int, int, int]]] = []
         for index, key, value in read_range(ranges.environment, start, int(first), int(count)):
-            yield index, _image(ranges, key, value)
+            block.append((index, *_image(ranges, key, value)))
+            if len(block) == BLOCK:
+                yield _stacked(block)
+                block = []
+        if block:
+            yield _stacked(block)
 
     def read(name: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
         return tf.data.Dataset.from_generator(records, output_signature=SIGNATURE,
-                                              args=(name, first, count))
+                                              args=(name, first, count)).unbatch()
 
     return read
 
