@@ -139,8 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            with open(args.output, "w") as f:
+                f.write(text)
+        except OSError as err:
+            print(f"error: cannot write the job script to -o {args.output}: {err.strerror}",
+                  file=sys.stderr)
+            return 2
         os.chmod(args.output, 0o755)
         print(f"wrote {args.output}: {req.total_ranks} ranks on {req.nodes} node(s), "
               f"--strategy={req.strategy}", file=sys.stderr)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import launch.minicluster as minicluster
@@ -88,7 +90,6 @@ SHARED_MPI = "inside a node: shared memory; across nodes: Horovod (MPI)"
 
 @pytest.mark.usefixtures("cluster")
 @pytest.mark.parametrize("launcher, strategy, exchange", [
-    ("slurm", "horovod", SHARED_MPI),
     ("slurm", "multiworker", "inside a node: gRPC (auto collectives); across nodes: gRPC "
                              "(auto collectives)"),
     ("slurm", "ddl", SHARED_MPI),
@@ -98,28 +99,89 @@ SHARED_MPI = "inside a node: shared memory; across nodes: Horovod (MPI)"
 def test_generated_job_script_runs_across_two_nodes(launcher: str, strategy: str,
                                                     exchange: str, tmp_path: Path) -> None:
     """The script as launch.jobscript writes it: under sbatch, or started on node1 as a user
-    of an allocation would (mpirun and horovodrun reach node2 over ssh)."""
+    of an allocation would (mpirun and horovodrun reach node2 over ssh). Slurm with horovod
+    runs in the requeue test below."""
+    script, model_dir = _job_script(tmp_path, launcher, strategy, "--steps=2")
+    if launcher == "slurm":
+        # Slurm's own log goes to tmp_path (an sbatch option overrides the script's --output).
+        job = _on_cluster("sbatch", "--wait", f"--output={tmp_path}/slurm-%j.out", str(script))
+    else:
+        job = _on_cluster("--on", "node1", "bash", str(script))
+    assert job.returncode == 0, job.stdout + job.stderr + _logs(tmp_path)
+    _check_results(model_dir, exchange)
+    assert exchange in next((tmp_path / "logs").rglob("rank-0.log")).read_text()
+
+
+def _job_script(tmp_path: Path, launcher: str, strategy: str, *train: str) -> tuple[Path, Path]:
+    """launch.jobscript's script for 2 nodes x 2 ranks of mlp, and its model_dir."""
     script, model_dir = tmp_path / "job.sh", tmp_path / "run"
     where = ["--nodes=2"] if launcher == "slurm" else ["-H", "node1:2,node2:2"]
     made = run_process([sys.executable, "-m", "launch.jobscript", launcher, *where,
                         "--ranks_per_node=2", "--gpus_per_node=0", "--time=00:10:00",
                         f"--log_dir={tmp_path / 'logs'}", f"--job_name=t-{strategy}",
                         "-o", str(script), "--", "--model=mlp", "--image_size=16",
-                        f"--strategy={strategy}", "--batch_size=8", "--steps=2",
+                        f"--strategy={strategy}", "--batch_size=8", *train,
                         "--tensorboard=false", f"--model_dir={model_dir}"], timeout=60)
     assert made.returncode == 0, made.stderr
-    if launcher == "slurm":
-        # Slurm's own log goes to tmp_path (an sbatch option overrides the script's --output).
-        job = _on_cluster("sbatch", "--wait", f"--output={tmp_path}/slurm-%j.out", str(script))
-    else:
-        job = _on_cluster("--on", "node1", "bash", str(script))
-    logs = "\n".join(p.read_text()[-1500:] for p in sorted(tmp_path.rglob("*.log")))
-    assert job.returncode == 0, job.stdout + job.stderr + logs
+    return script, model_dir
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(p.read_text()[-1500:] for p in sorted(tmp_path.rglob("*.log")))
+
+
+def _check_results(model_dir: Path, exchange: str) -> dict[str, object]:
     results = json.loads((model_dir / "results.json").read_text())
     assert results["num_workers"] == 4
     assert results["hosts"] == ["node1", "node1", "node2", "node2"]
     assert results["exchange"] == exchange
-    assert exchange in next((tmp_path / "logs").rglob("rank-0.log")).read_text()
+    return results
+
+
+@pytest.mark.usefixtures("cluster")
+def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_same_weights(
+        tmp_path: Path) -> None:
+    """A Slurm horovod job gets the time-limit warning (SIGUSR1, as its --signal asks) mid-run:
+    every rank checkpoints and stops, the script requeues the job, and the second attempt
+    resumes to the same weights as an uninterrupted run (< 1e-6)."""
+    train = ("--steps=40", "--log_every=1", "--deterministic")
+    whole_script, whole = _job_script(tmp_path / "whole", "slurm", "horovod", *train)
+    job = _on_cluster("sbatch", "--wait", f"--output={tmp_path}/whole-%j.out",
+                      str(whole_script))
+    assert job.returncode == 0, job.stdout + job.stderr + _logs(tmp_path / "whole")
+    script, model_dir = _job_script(tmp_path / "cut", "slurm", "horovod", *train)
+    text = script.read_text()
+    assert "#SBATCH --signal=USR1@150" in text and "#SBATCH --requeue" in text
+    submitted = _on_cluster("sbatch", "--parsable", f"--output={tmp_path}/cut-%j.out",
+                            str(script))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    first = tmp_path / "cut" / "logs" / f"t-horovod-{job_id}"
+    deadline = time.monotonic() + 180
+    while "step 5/" not in _read(first / "rank-0.log"):
+        assert time.monotonic() < deadline, _logs(tmp_path / "cut")
+        time.sleep(0.5)
+    assert _on_cluster("scancel", "--signal=USR1", job_id).returncode == 0
+    deadline = time.monotonic() + 300
+    while _on_cluster("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip():
+        assert time.monotonic() < deadline, _logs(tmp_path / "cut")
+        time.sleep(2)
+    shown = _on_cluster("scontrol", "show", "job", job_id).stdout
+    assert "JobState=COMPLETED" in shown and "Restarts=1" in shown, shown
+    assert sorted(_read(first / "preempted").split("\n")[:4]) == [
+        "rank 0", "rank 1", "rank 2", "rank 3"]
+    assert "preempted by a signal at step" in _read(first / "rank-0.log")
+    resumed = _read(first.with_name(f"{first.name}-restart1") / "rank-0.log")
+    assert "steps 0->40" not in resumed and "->40;" in resumed, resumed[-2000:]
+    assert _check_results(model_dir, SHARED_MPI)["steps"] == 40
+    _check_results(whole, SHARED_MPI)
+    a = np.load(model_dir / "checkpoints" / "ckpt-000000040.npz")
+    b = np.load(whole / "checkpoints" / "ckpt-000000040.npz")
+    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files) < 1e-6
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 @pytest.mark.usefixtures("cluster")

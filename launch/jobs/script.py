@@ -14,10 +14,14 @@ import shlex
 from collections.abc import Sequence
 
 from launch.jobs.spec import JobRequest
+from tfscale.errors import EXIT_PREEMPTED
 from tfscale.strategies import Launcher
 
 RANK_SCRIPT_END = "TFSCALE_RANK_SCRIPT"
-JOB_ID = "${SLURM_JOB_ID:-${LSB_JOBID:-$(date +%Y%m%d-%H%M%S)-$$}}"
+PREEMPTED_MARKER = "preempted"
+# A requeued Slurm job keeps its id: its attempts get log directories of their own.
+JOB_ID = ("${SLURM_JOB_ID:-${LSB_JOBID:-$(date +%Y%m%d-%H%M%S)-$$}}"
+          "${SLURM_RESTART_COUNT:+-restart$SLURM_RESTART_COUNT}")
 
 
 def quote(words: Sequence[str]) -> str:
@@ -67,7 +71,8 @@ def mpi_binding(req: JobRequest, name: str = "binding") -> list[str]:
 
 
 def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: str,
-                tf_config_args: Sequence[str] = (), taskset: bool = False) -> str:
+                tf_config_args: Sequence[str] = (), taskset: bool = False,
+                preempted_marker: bool = False) -> str:
     """The per-rank wrapper.
 
     Args:
@@ -78,6 +83,11 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
         tf_config_args: extra ``tfscale.cluster_env`` options to build TF_CONFIG with (for
             strategies whose ranks find each other through a TF_CONFIG).
         taskset: bind the rank to its share of the cores here (for launchers that do not).
+        preempted_marker: a rank stopped by a warning signal (exit code EXIT_PREEMPTED,
+            checkpoint written) leaves ``PREEMPTED_MARKER`` in the log directory and exits 0,
+            so a launcher that kills the whole step on a failed rank (``srun
+            --kill-on-bad-exit``) does not kill ranks that are still writing their exit; the
+            job script then requeues the job.
     """
     lines = [
         "#!/usr/bin/env bash",
@@ -109,8 +119,25 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
                   'run=(taskset -c "$first-$((first + cores - 1))")',
                   '{ command -v taskset >/dev/null && [ "$cores" -ge 1 ]; } || run=()']
         run = '"${run[@]}" ' + run
-    lines += ['echo "[tfscale] rank $rank (local $local_rank) on $(hostname)'
-              ' CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"', f"exec {run}"]
+    lines.append('echo "[tfscale] rank $rank (local $local_rank) on $(hostname)'
+                 ' CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"')
+    if not preempted_marker:
+        return "\n".join([*lines, f"exec {run}"]) + "\n"
+    lines += [
+        "# The launcher's warning signals go to the training process; its exit code decides.",
+        f"{run} &", "pid=$!",
+        "trap 'kill -s USR1 \"$pid\" 2>/dev/null || true' USR1",
+        "trap 'kill -s TERM \"$pid\" 2>/dev/null || true' TERM",
+        "status=0",
+        "while :; do",
+        '  wait "$pid" && status=0 || status=$?',
+        '  kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupted the wait',
+        "done",
+        f'if [ "$status" -eq {EXIT_PREEMPTED} ]; then',
+        f'  echo "rank $rank" >> "$(dirname "$0")/{PREEMPTED_MARKER}"',
+        "  exit 0",
+        "fi",
+        'exit "$status"']
     return "\n".join(lines) + "\n"
 
 
@@ -160,7 +187,7 @@ def preflight(req: JobRequest, needs: str) -> list[str]:
 
 
 def job_script(req: JobRequest, header: Sequence[str], rank: str, launch: Sequence[str],
-               setup_extra: Sequence[str] = ()) -> str:
+               setup_extra: Sequence[str] = (), after: Sequence[str] = ()) -> str:
     """The whole job script.
 
     Args:
@@ -169,6 +196,7 @@ def job_script(req: JobRequest, header: Sequence[str], rank: str, launch: Sequen
         rank: the per-rank wrapper (:func:`rank_script`).
         launch: the launcher's command, one part (option and value) per item.
         setup_extra: lines after the user's set-up lines (pre-flight checks, variables).
+        after: lines run after the launcher returns, with its exit code in ``$status``.
     """
     gpus = (f"{req.gpus_per_rank} GPU(s)" if req.gpus_per_node else "no GPU")
     cores = f"{req.cores_per_rank} core(s)" if req.cores_per_rank else "an equal share of cores"
@@ -187,7 +215,7 @@ def job_script(req: JobRequest, header: Sequence[str], rank: str, launch: Sequen
               f"cat >\"$LOG_DIR/rank.sh\" <<'{RANK_SCRIPT_END}'", rank.rstrip("\n"),
               RANK_SCRIPT_END, 'chmod +x "$LOG_DIR/rank.sh"', *setup_extra,
               f'echo "[tfscale] {summary}; per-rank logs: $LOG_DIR/rank-<rank>.log"',
-              "status=0", command(list(launch)) + " || status=$?",
+              "status=0", command(list(launch)) + " || status=$?", *after,
               'if [ "$status" -ne 0 ]; then',
               '  echo "[tfscale] the launcher exited with status $status; the end of each '
               'rank\'s log:" >&2',

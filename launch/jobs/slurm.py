@@ -11,7 +11,12 @@ from __future__ import annotations
 from launch.jobs import script
 from launch.jobs.registry import register
 from launch.jobs.spec import JobRequest
+from tfscale.errors import EXIT_PREEMPTED
 from tfscale.strategies import Launcher
+
+# Seconds before the time limit at which Slurm sends the ranks SIGUSR1 (its resolution is
+# about a minute); tfscale.train then checkpoints and exits with EXIT_PREEMPTED.
+WARNING_SECONDS = 180
 
 
 def slurm_time(seconds: int) -> str:
@@ -40,12 +45,16 @@ def render(req: JobRequest) -> str:
         # Whole nodes, so that SLURM_CPUS_ON_NODE is every core, shared among the ranks.
         header.append("#SBATCH --exclusive")
     header.append(f"#SBATCH --time={slurm_time(req.time_seconds)}")
+    # The time-limit warning goes to every rank; a job stopped by it is requeued (below).
+    warning = min(WARNING_SECONDS, req.time_seconds // 4)
+    header += [f"#SBATCH --signal=USR1@{warning}", "#SBATCH --requeue"]
     if req.account:
         header.append(f"#SBATCH --account={req.account}")
     if req.queue:
         header.append(f"#SBATCH --partition={req.queue}")
     header.append(f"#SBATCH --output={req.workdir}/{req.job_name}-%j.out")
-    rank = script.rank_script(req, "SLURM_PROCID", "SLURM_LOCALID", "srun")
+    rank = script.rank_script(req, "SLURM_PROCID", "SLURM_LOCALID", "srun",
+                              preempted_marker=True)
     # srun no longer inherits --cpus-per-task from sbatch (Slurm 22.05+): give it again.
     launch = ["srun", f"--nodes={req.nodes}", f"--ntasks-per-node={req.ranks_per_node}",
               '--cpus-per-task="$CORES_PER_RANK"', "--cpu-bind=cores", *gpus,
@@ -55,4 +64,11 @@ def render(req: JobRequest) -> str:
     launch.append('"$LOG_DIR/rank.sh"')
     extra = [*script.cores_per_rank(req, "${SLURM_CPUS_ON_NODE:-$(nproc)}"),
              *script.preflight(req, "mpi")]
-    return script.job_script(req, header, rank, launch, extra)
+    after = [f'if [ "$status" -eq 0 ] && [ -e "$LOG_DIR/{script.PREEMPTED_MARKER}" ]; then',
+             '  echo "[tfscale] the ranks stopped at a warning signal (time limit or '
+             'preemption) with a checkpoint; requeueing job $SLURM_JOB_ID, which resumes from '
+             'it (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )))"',
+             '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+             f"  status={EXIT_PREEMPTED}",
+             "fi"]
+    return script.job_script(req, header, rank, launch, extra, after)

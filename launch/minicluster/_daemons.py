@@ -78,7 +78,10 @@ def _write_slurm_conf(head: Host, nodes: Sequence[Host], cpus_per_node: int) -> 
         "ClusterName=tfscale",
         f"SlurmctldHost={head.name}({head.address})",
         "SlurmUser=root", "SlurmdUser=root",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={MUNGE_SOCKET}",
+        # A requeued job waits for the credentials' lifetime before it runs again (120 s by
+        # default): 10 s keeps a requeue test short.
+        "AuthType=auth/munge", "CredType=cred/munge",
+        f"AuthInfo=socket={MUNGE_SOCKET},cred_expire=10",
         # No cgroups in these namespaces: track processes by parentage; the nodes' cores are
         # set by their daemons' affinity, so Slurm does no binding of its own.
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
