@@ -112,7 +112,7 @@ class Overlap:
 
 def overlap_exchange(gradient_bytes: float, backward_s: float, exchange: Exchange,
                      allreduce: Callable[[float], float], negotiate_s: float = 0.0,
-                     overlap: bool = True) -> Overlap:
+                     overlap: bool = True, phase: float = 0.0) -> Overlap:
     """Lays the step's all-reduces over its backward pass, cycle by cycle.
 
     Args:
@@ -123,6 +123,8 @@ def overlap_exchange(gradient_bytes: float, backward_s: float, exchange: Exchang
         allreduce: seconds to all-reduce one message of N bytes.
         negotiate_s: fixed cost of each cycle that sends something.
         overlap: whether the exchange can run during the backward pass.
+        phase: where in its cycle the background thread is when the backward pass starts, as a
+            fraction of a cycle (0: the first cycle ends one cycle in).
 
     Returns:
         What is exposed after the backward pass, and the exchange's busy time.
@@ -136,7 +138,7 @@ def overlap_exchange(gradient_bytes: float, backward_s: float, exchange: Exchang
     tick = 0
     while sent < gradient_bytes * (1 - 1e-12):
         tick += 1
-        now = tick * cycle
+        now = (tick - phase) * cycle
         if overlap and backward_s > 0:
             ready = gradient_bytes * min(now / backward_s, 1.0)
         else:
