@@ -51,7 +51,9 @@ def test_slurm_24_horovod_ranks() -> None:
     rank = rank_script(text)
     bash_syntax_ok(rank)
     assert "rank=${SLURM_PROCID:?" in rank and "local_rank=${SLURM_LOCALID:?" in rank
-    assert rank.rstrip().endswith("-m tfscale.train --model=resnet50 --strategy=horovod")
+    assert "python3 -m tfscale.train --model=resnet50 --strategy=horovod &" in rank.splitlines()
+    assert "#SBATCH --signal=USR1@180" in text and "#SBATCH --requeue" in text
+    assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in text.splitlines()
     assert "if not hvd.mpi_built():" in text
 
 
@@ -186,7 +188,7 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     text = out.read_text()
     assert "module load cuda" in text.splitlines()
     assert "# Written by: python -m launch.jobscript slurm --nodes 2" in text
-    assert f"exec {sys.executable} -m tfscale.train" in text
+    assert f"{sys.executable} -m tfscale.train" in text
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two nodes\nh1 slots=4\nh2 slots=4\n")
     assert jobscript(["mpirun", "--hostfile", str(hostfile), "--gpus_per_node", "4", "--",
