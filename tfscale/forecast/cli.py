@@ -93,9 +93,7 @@ def _measured() -> dict[int, float]:
 def _precision(machine: machines.Machine, model: str) -> str:
     if _PRECISION.value != "auto":
         return _PRECISION.value
-    if model not in machine.models:
-        machine.figures(model, "fp32")  # raises, naming what the file has
-    rates = machine.models[model].images_per_sec
+    rates = machine.model(model).images_per_sec
     return max(rates, key=lambda p: rates[p])
 
 

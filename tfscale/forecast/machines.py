@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tfscale.config import PRECISIONS
 from tfscale.forecast.model import Link
 
 PRESET_DIR = Path(__file__).with_name("machines")
@@ -59,17 +60,25 @@ class Machine:
     models: dict[str, ModelFigures]
     raw: dict[str, Any]
 
+    def model(self, model: str) -> ModelFigures:
+        """The figures the file holds for ``model``.
+
+        Raises:
+            ValueError: naming the file and the models it has.
+        """
+        if model not in self.models:
+            raise ValueError(f"{self.path}: machine {self.name!r} has no figures for model "
+                             f"{model!r}; it has: {', '.join(sorted(self.models)) or 'none'} "
+                             f"(add them with --calibrate)")
+        return self.models[model]
+
     def figures(self, model: str, precision: str) -> tuple[ModelFigures, float]:
         """The model's figures and its node throughput at ``precision``.
 
         Raises:
             ValueError: naming the file and what it has instead.
         """
-        if model not in self.models:
-            raise ValueError(f"{self.path}: machine {self.name!r} has no figures for model "
-                             f"{model!r}; it has: {', '.join(sorted(self.models)) or 'none'} "
-                             f"(add them with --calibrate)")
-        figures = self.models[model]
+        figures = self.model(model)
         if precision not in figures.images_per_sec:
             raise ValueError(f"{self.path}: machine {self.name!r} has no compute rate for "
                              f"--precision={precision} of model {model!r}; it has: "
@@ -193,8 +202,6 @@ class _Checker:
         rates = self.section(doc["images_per_sec"], f"{where}.images_per_sec", ())
         if not rates:
             self.fail(f"{where}.images_per_sec", "must name at least one precision")
-        from tfscale.config import PRECISIONS
-
         for precision in rates:
             if precision not in PRECISIONS or precision == "auto":
                 self.fail(f"{where}.images_per_sec", f"has unknown precision {precision!r}; "
