@@ -53,7 +53,7 @@ def test_slurm_24_horovod_ranks() -> None:
     assert "rank=${SLURM_PROCID:?" in rank and "local_rank=${SLURM_LOCALID:?" in rank
     assert "python3 -m tfscale.train --model=resnet50 --strategy=horovod &" in rank.splitlines()
     assert "#SBATCH --signal=USR1@180" in text and "#SBATCH --requeue" in text
-    assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in text.splitlines()
+    assert '  scontrol requeue "$SLURM_JOB_ID" && exit 0' in text.splitlines()
     assert "if not hvd.mpi_built():" in text
 
 
