@@ -4,6 +4,16 @@ Importing the package imports no dataset module (nor TensorFlow): a pipeline's m
 imported when its builder is fetched from :data:`PIPELINES`.
 """
 
-from input_pipelines.registry import PIPELINES, Batches, Shard, declare, register, task_of
+from input_pipelines.registry import (
+    PIPELINES,
+    Batches,
+    Shard,
+    declare,
+    reads_data_dir,
+    recognize,
+    register,
+    task_of,
+)
 
-__all__ = ["PIPELINES", "Batches", "Shard", "declare", "register", "task_of"]
+__all__ = ["PIPELINES", "Batches", "Shard", "declare", "reads_data_dir", "recognize", "register",
+           "task_of"]

@@ -22,7 +22,11 @@ A pipeline builder is called once per worker process as
   pass, for validation), or ``None`` when unbounded (synthetic data).
 
 Your own pipeline registers with the decorator ``@input_pipelines.register(name, description,
-task=...)``. The built-in ones are declared at the end of this module by name, builder
+task=...)``, optionally with ``recognize=`` (a function, or ``"module:function"``, taking the
+``--data_dir`` and returning a few words on what it found there, or None when that is not this
+dataset's data: how the dataset is chosen when ``--dataset`` is left out, see :func:`recognize`)
+and ``reads_data_dir=False`` for data generated without files (a ``--data_dir`` is then an
+error). The built-in ones are declared at the end of this module by name, builder
 (``"module:function"``), description and task (:mod:`tfscale.tasks`); a dataset's module is
 imported when its builder is fetched.
 """
@@ -30,10 +34,12 @@ imported when its builder is fetched.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tfscale.registry import TaskRegistry
+from tfscale.registry import Entry, TaskRegistry
 from tfscale.shard import Shard  # re-exported: pipelines take it, strategies make it
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
@@ -52,6 +58,8 @@ class Batches:
 
 
 PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
+# data_dir -> what this dataset's recognizer found there, or None.
+Recognizer = Callable[[str], "str | None"]
 
 # Built-in pipelines are declared, not imported: their modules import TensorFlow, which listing
 # the datasets or checking a name (and a tool that only parses flags) does not need.
@@ -66,23 +74,74 @@ declare = PIPELINES.declare_for
 task_of = PIPELINES.task_of
 
 
+def reads_data_dir(name: str) -> bool:
+    """Whether dataset ``name`` reads ``--data_dir`` (``reads_data_dir=False`` datasets generate
+    their data)."""
+    return bool(PIPELINES.entry(name).meta.get("reads_data_dir", True))
+
+
+def _recognizer(entry: Entry[PipelineBuilder]) -> Recognizer | None:
+    found = entry.meta.get("recognize")
+    if isinstance(found, str):
+        module, _, attribute = found.partition(":")
+        found = getattr(importlib.import_module(module), attribute)
+    return found
+
+
+def recognize(data_dir: str, task: str) -> tuple[str, str]:
+    """Chooses the dataset of ``task`` for ``data_dir`` by asking each dataset's recognizer.
+
+    Returns:
+        The dataset's name and what its recognizer found in ``data_dir``.
+
+    Raises:
+        ValueError: ``data_dir`` does not exist, or no dataset, or more than one, recognizes
+            it (naming the candidates and the datasets to choose from with ``--dataset``).
+    """
+    from input_pipelines.core.files import is_glob  # it imports this module
+
+    if not (os.path.exists(data_dir) or is_glob(data_dir)):
+        raise ValueError(f"--data_dir={data_dir} does not exist")
+    entries = [e for e in PIPELINES if e.meta["task"] == task and reads_data_dir(e.name)]
+    found: dict[str, str] = {}
+    for entry in entries:
+        recognizer = _recognizer(entry)
+        what = recognizer(data_dir) if recognizer is not None else None
+        if what:
+            found[entry.name] = what
+    choices = ", ".join(e.name for e in entries)
+    if not found:
+        raise ValueError(f"--data_dir={data_dir}: no {task} dataset recognizes what it holds; "
+                         f"give --dataset, one of: {choices}")
+    if len(found) > 1:
+        seen = "; ".join(f"{name}: {what}" for name, what in sorted(found.items()))
+        raise ValueError(f"--data_dir={data_dir} could be read by several datasets ({seen}); "
+                         f"give --dataset, one of: {', '.join(sorted(found))}")
+    return next(iter(found.items()))
+
+
 # One module per dataset under input_pipelines/datasets/, each with a ``build`` function.
 declare("image_folder", "input_pipelines.datasets.image_folder:build",
-        "classification from folders of images, one sub-folder per class", CLASSIFICATION)
+        "classification from folders of images, one sub-folder per class", CLASSIFICATION,
+        recognize="input_pipelines.core.recognize:image_folder")
 declare("imagenet", "input_pipelines.datasets.imagenet:build",
         "ImageNet-style JPEG classification from TFRecord shards "
-        "(image/encoded, image/class/label)", CLASSIFICATION)
+        "(image/encoded, image/class/label)", CLASSIFICATION,
+        recognize="input_pipelines.core.recognize:imagenet")
 declare("lmdb", "input_pipelines.datasets.lmdb:build",
         "classification from LMDB environments of Caffe Datum records (encoded or raw "
         "images), e.g. convert_imageset's or folder_to_lmdb's", CLASSIFICATION)
 declare("segmentation_h5", "input_pipelines.datasets.segmentation_h5:build",
         "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
-        "normalized with stats.json", SEGMENTATION)
+        "normalized with stats.json", SEGMENTATION,
+        recognize="input_pipelines.core.recognize:segmentation_h5")
 declare("segmentation_tfrecord", "input_pipelines.datasets.segmentation_tfrecord:build",
         "segmentation from TFRecord shards (raw float data, int labels), "
-        "normalized with stats.json", SEGMENTATION)
+        "normalized with stats.json", SEGMENTATION,
+        recognize="input_pipelines.core.recognize:segmentation_tfrecord")
 declare("synthetic", "input_pipelines.datasets.synthetic:build",
-        "random images and labels generated once on the device", CLASSIFICATION)
+        "random images and labels generated once on the device", CLASSIFICATION,
+        reads_data_dir=False)
 declare("synthetic_seg", "input_pipelines.datasets.synthetic_seg:build",
         "climate-like multi-channel fields with rare small objects (generated on the fly)",
-        SEGMENTATION)
+        SEGMENTATION, reads_data_dir=False)

@@ -20,6 +20,7 @@ def test_default_strategy_writes_everything(tmp_path: Path) -> None:
                      f"--model_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "== tfscale summary ==" in proc.stdout
+    assert "--model=tiny_cnn on --dataset=synthetic; " in proc.stdout
     results = read_results(tmp_path)
     assert REQUIRED <= results.keys()
     assert results["model"] == "tiny_cnn" and results["strategy"] == "default"

@@ -152,6 +152,12 @@ def test_knobs_are_exported_to_every_rank() -> None:
      "the job starts 24 ranks"),
     ("slurm", {"train_args": ("--strategy=horovod", "--batch_siz=3")}, "tfscale.train flags"),
     ("slurm", {"train_args": ("--strategy=horovod", "--precision=fp8")}, "--precision='fp8'"),
+    ("slurm", {"train_args": ("--strategy=horovod", "--model=resnt50")},
+     "unknown model 'resnt50'; available: deeplabv3plus, "),
+    ("slurm", {"train_args": ("--strategy=horovod", "--dataset=imagenett")},
+     "unknown dataset 'imagenett'; available: image_folder, "),
+    ("slurm", {"train_args": ("--strategy=horovod", "--model=deeplabv3plus")},
+     "--model=deeplabv3plus is a segmentation model but --dataset=synthetic"),
     ("slurm", {"time": "01:30"}, "HH:MM:SS"),
     ("slurm", {"hosts": (("a", 0),)}, "give --nodes, not -H"),
     ("slurm", {"cores_per_node": 16, "ranks_per_node": 4, "cores_per_rank": 5},
@@ -199,6 +205,11 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert err.startswith("error: ") and "6 a node has" in err and "\n" not in err
     assert jobscript(["ddlrun", "--accelerators", "2", "--", *HVD]) == 2
     assert "needs the hosts" in capsys.readouterr().err
+    assert jobscript(["slurm", "-o", str(tmp_path / "typo.sbatch"), "--", *HVD,
+                      "--model=resnt50"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown model 'resnt50'") and "\n" not in err, err
+    assert not (tmp_path / "typo.sbatch").exists()
 
 
 STUB = """#!{python}

@@ -377,6 +377,7 @@ def _run_light(module: str, *args: str, env: dict[str, str] | None = None
     (["--nosuchflag"], 1, "Unknown command line flag 'nosuchflag'"),
     (["--batch_size=x"], 1, "flag --batch_size=x: invalid literal for int()"),
     (["--target_metric=nope:1"], 2, "error: --target_metric='nope:1': 'nope' is not reported"),
+    (["--data_dir=/nonexistent"], 2, "error: --data_dir=/nonexistent does not exist"),
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
 def test_train_answers_usage_without_tensorflow(args: list[str], code: int,
                                                 expected: str) -> None:
@@ -384,6 +385,17 @@ def test_train_answers_usage_without_tensorflow(args: list[str], code: int,
     exit_code, loaded, output = _run_light("tfscale.train", *args)
     assert (exit_code, loaded) == (code, []), output
     assert expected in output, output
+
+
+def test_single_process_strategy_is_refused_under_a_launcher(tmp_path: Path) -> None:
+    # mpirun -np 2 without a multi-process strategy: two separate runs into one model_dir.
+    exit_code, loaded, output = _run_light(
+        "tfscale.train", "--model=tiny_cnn", "--steps=1", "--image_size=16", "--batch_size=2",
+        f"--model_dir={tmp_path}", env={"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
+    assert (exit_code, loaded) == (2, []), output
+    assert ("error: this process is rank 1 of 2 started by openmpi, but --strategy=default runs "
+            "in one process") in output
+    assert output.count("error:") == 1 and "(ddl, horovod, multiworker)" in output, output
 
 
 def test_jobscript_loads_no_tensorflow(tmp_path: Path) -> None:

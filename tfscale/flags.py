@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 from absl import flags
@@ -193,13 +194,22 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         flags.DEFINE_alias(alias, name, flag_values=fv)
 
 
-def config_from_flags(values: flags.FlagValues) -> TrainConfig:
+def config_from_flags(values: flags.FlagValues,
+                      choose_dataset: Callable[[str, str], str] | None = None) -> TrainConfig:
     """Builds the validated config from parsed flags.
+
+    Args:
+        values: the parsed flags.
+        choose_dataset: ``(data_dir, model) -> dataset name``, asked when ``--data_dir`` is
+            given without ``--dataset`` (the entry points pass
+            :func:`tfscale.plugins.choose_dataset`, which recognizes what the directory holds).
 
     Raises:
         ValueError: for any invalid value (see :func:`tfscale.config.validate`).
     """
     kwargs: dict[str, Any] = {f.name: values[f.name].value for f in FIELDS}
+    if kwargs["data_dir"] and not values["dataset"].present and choose_dataset is not None:
+        kwargs["dataset"] = choose_dataset(kwargs["data_dir"], kwargs["model"])
     if kwargs["data_dir"] and not values["steps"].present:
         # Files are finite: a run on them without --steps is --epochs passes over them, not
         # --steps' default of 100 steps cut into epochs of a fraction of the data.

@@ -195,16 +195,19 @@ class TaskRegistry(Registry[T]):
     datasets. Registering checks the task; :meth:`task_of` reads it without importing a
     declared plugin."""
 
-    def register_for(self, name: str, description: str, task: str) -> Callable[[T], T]:
-        """Decorator registering a builder under ``name`` for ``task``.
+    def register_for(self, name: str, description: str, task: str,
+                     **meta: Any) -> Callable[[T], T]:
+        """Decorator registering a builder under ``name`` for ``task``, with the registry's
+        own metadata in ``meta`` (a dataset's recognizer, say).
 
         Raises:
             ValueError: for an unknown task or a name already registered.
         """
         check_task(task, f"{self.kind} {name!r}")
-        return self.register(name, description, task=task)
+        return self.register(name, description, task=task, **meta)
 
-    def declare_for(self, name: str, builder: str, description: str, task: str) -> None:
+    def declare_for(self, name: str, builder: str, description: str, task: str,
+                    **meta: Any) -> None:
         """Registers the builder at ``builder`` (``"module:function"``) under ``name`` for
         ``task`` without importing its module (see :meth:`Registry.declare`).
 
@@ -212,7 +215,7 @@ class TaskRegistry(Registry[T]):
             ValueError: for an unknown task or a name already registered.
         """
         check_task(task, f"{self.kind} {name!r}")
-        self.declare(name, builder, description, task=task)
+        self.declare(name, builder, description, task=task, **meta)
 
     def task_of(self, name: str) -> str:
         """The task of registered ``name``.

@@ -49,8 +49,9 @@ def main(argv: list[str]) -> int:
         print(plugins.describe_all())
         return 0
     try:
-        config = config_from_flags(FLAGS)
+        config = config_from_flags(FLAGS, plugins.choose_dataset)
         plugins.validate_names(config)
+        plugins.check_launcher(config)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE

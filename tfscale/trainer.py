@@ -259,7 +259,8 @@ class Trainer:
             return results.read_results(self.model_dir) or {}
         micro = (f" x {cfg.grad_accum_steps} micro-batches per step"
                  if cfg.grad_accum_steps > 1 else "")
-        rank_zero.log(f"{strategy.describe()}; global batch {self.global_batch} "
+        rank_zero.log(f"--model={cfg.model} on --dataset={cfg.dataset}; "
+                      f"{strategy.describe()}; global batch {self.global_batch} "
                       f"({cfg.batch_size} per replica{micro}); steps {start}->{total}; "
                       f"model_dir {self.model_dir}")
         start_time = time.time()

@@ -16,6 +16,7 @@ import re
 
 from absl import flags as absl_flags
 
+from tfscale import plugins
 from tfscale.config import TrainConfig
 from tfscale.flags import config_from_flags, define_flags
 from tfscale.strategies import STRATEGIES, Strategy, strategies_that
@@ -132,10 +133,12 @@ def read_hostfile(path: str) -> str:
 
 
 def train_config(train_args: tuple[str, ...]) -> TrainConfig:
-    """Parses and validates the ``tfscale.train`` flags the job will run with.
+    """Parses and validates the ``tfscale.train`` flags the job will run with, the model,
+    dataset and strategy names included, as ``tfscale.train`` does (without TensorFlow).
 
     Raises:
-        ValueError: for an unknown flag, a positional argument or an invalid value.
+        ValueError: for an unknown flag, a positional argument, an invalid value or an
+            unknown name (listing the registered ones).
     """
     values = absl_flags.FlagValues()
     define_flags(values)
@@ -145,7 +148,9 @@ def train_config(train_args: tuple[str, ...]) -> TrainConfig:
         raise ValueError(f"tfscale.train flags: {err}") from None
     if len(rest) > 1:
         raise ValueError(f"tfscale.train takes only --flags; got {rest[1:]}")
-    return config_from_flags(values)
+    config = config_from_flags(values, plugins.choose_dataset)
+    plugins.check_names(config)
+    return config
 
 
 @dataclasses.dataclass(frozen=True)
