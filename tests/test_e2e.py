@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import keras
@@ -21,6 +22,15 @@ def test_default_strategy_writes_everything(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "== tfscale summary ==" in proc.stdout
     assert "--model=tiny_cnn on --dataset=synthetic; " in proc.stdout
+    # The run saved its configuration and let go of the model_dir.
+    assert json.loads((tmp_path / "config.json").read_text())["learning_rate"] == 0.1
+    assert not (tmp_path / "run.lock").exists()
+    # Resuming with other training flags stops before TensorFlow loads, listing them.
+    changed = run_train(*TINY, "--steps=6", "--epochs=2", "--learning_rate=0.01",
+                        "--optimizer=nesterov", f"--model_dir={tmp_path}")
+    assert changed.returncode == 2, changed.stdout + changed.stderr
+    assert ("another configuration (--optimizer 'sgd' -> 'nesterov', --learning_rate 0.1 -> "
+            "0.01)") in changed.stderr
     results = read_results(tmp_path)
     assert REQUIRED <= results.keys()
     assert results["model"] == "tiny_cnn" and results["strategy"] == "default"

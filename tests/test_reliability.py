@@ -133,6 +133,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path) ->
     good = run_train(*TINY, "--steps=5", f"--model_dir={tmp_path}")
     assert good.returncode == 0
     bad = run_train(*TINY, "--steps=50", "--checkpoint_every=1", "--learning_rate=1e30",
+                    "--allow_config_change",
                     f"--model_dir={tmp_path}")
     assert bad.returncode == 3, bad.stderr[-2000:]
     match = re.search(r"error: loss became NaN/Inf at step (\d+); stopped without saving it\. "

@@ -112,13 +112,17 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     tensorboard: bool = True
+    allow_config_change: bool = False
 
     def __post_init__(self) -> None:
         validate(self)
         if not self.model_dir:
-            object.__setattr__(
-                self, "model_dir", f"runs/{self.model}-{self.dataset}-{self.strategy}"
-            )
+            object.__setattr__(self, "model_dir", self.default_model_dir)
+
+    @property
+    def default_model_dir(self) -> str:
+        """Where the run goes without ``--model_dir``: ``runs/MODEL-DATASET-STRATEGY``."""
+        return f"runs/{self.model}-{self.dataset}-{self.strategy}"
 
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes`` applied (and validated)."""

@@ -147,6 +147,10 @@ HELP: dict[str, str] = {
     "log_every": "Print progress every N steps (chief only).",
     "seed": "Random seed.",
     "tensorboard": "Write TensorBoard logs (chief only).",
+    "allow_config_change": "Resume a run in --model_dir although flags that change what is "
+    "trained differ from those it was started with (each difference is logged); without it "
+    "such a resume stops, listing them. Length, logging, checkpointing, the number of workers "
+    "and performance flags may always change.",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {

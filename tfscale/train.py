@@ -25,7 +25,7 @@ from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from tfscale import cluster_env, plugins  # noqa: E402
+from tfscale import cluster_env, config_change, plugins, rank_zero  # noqa: E402
 from tfscale.errors import (  # noqa: E402
     EXIT_PEER_LOST,
     EXIT_USAGE,
@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
         config = config_from_flags(FLAGS, plugins.choose_dataset)
         plugins.validate_names(config)
         plugins.check_launcher(config)
+        config_change.check_resume(config, rank_zero.log)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE

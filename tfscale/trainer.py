@@ -14,10 +14,12 @@ the epoch logs. The chief appends the run's milestones to ``model_dir/events.jso
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,15 @@ import tensorflow as tf
 import input_pipelines
 import models
 from tfscale import callbacks as cbs
-from tfscale import cpu_binding, precision, rank_zero, results, targets
+from tfscale import (
+    config_change,
+    cpu_binding,
+    model_dir_lock,
+    precision,
+    rank_zero,
+    results,
+    targets,
+)
 from tfscale.checkpointing import CheckpointManager
 from tfscale.collectives.optimizer import lag_slots
 from tfscale.config import TrainConfig
@@ -103,12 +113,42 @@ def run(config: TrainConfig) -> dict[str, Any]:
         TrainingStopped: on a non-finite loss or preemption (with the exit code to use).
         ValueError: for bad data or checkpoints found while setting up.
     """
-    config = resolve_precision(config)
+    given, config = config, resolve_precision(config)
     configure_runtime(config)
     with running(create(config)) as strategy:
         rank_zero.set_rank(strategy.rank)
         trainer = Trainer(config, strategy)
-        return trainer.evaluate_only() if config.eval_only else trainer.train()
+        if config.eval_only:
+            return trainer.evaluate_only()
+        with claim_model_dir(given, strategy):
+            return trainer.train()
+
+
+@contextlib.contextmanager
+def claim_model_dir(config: TrainConfig, strategy: Strategy) -> Iterator[None]:
+    """Holds ``config.model_dir``'s lock (:mod:`tfscale.model_dir_lock`) while the run writes
+    there, and saves the configuration it trains with (:mod:`tfscale.config_change`). The chief
+    does both; every worker learns whether it could, so that all stop together if not.
+
+    Raises:
+        ValueError: another run holds the model_dir (on the chief, naming it).
+    """
+    lock, error = None, ""
+    if strategy.is_chief:
+        try:
+            lock = model_dir_lock.acquire(config.model_dir)
+            config_change.save(config)
+        except ValueError as err:
+            error = str(err)
+    if strategy.size > 1 and not strategy.broadcast([0.0 if error else 1.0])[0]:
+        error = error or "the chief could not take --model_dir (see its error)"
+    if error:
+        raise ValueError(error)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            model_dir_lock.release(lock)
 
 
 def resolve_precision(config: TrainConfig) -> TrainConfig:
