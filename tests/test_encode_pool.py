@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from input_pipelines.core.encode_pool import EncodePool
+from input_pipelines.core.errors import DataError
 from input_pipelines.tools import folder_to_lmdb, folder_to_tfrecord
 from tests.pipeline_data import write_image_folder
 
@@ -29,6 +30,14 @@ def test_output_is_identical_for_one_and_two_workers(tmp_path, capsys):
         assert one == two, name
     err = capsys.readouterr().err
     assert "21/21 images" in err and "images/s" in err
+
+
+def test_a_bad_image_in_a_worker_is_named(tmp_path):
+    write_image_folder(tmp_path / "in", classes=2, per_class=3, splits=("train",))
+    (tmp_path / "in/train/c1/empty.png").write_bytes(b"")
+    with pytest.raises(DataError, match=r"c1/empty.png: cannot decode the image: the file is "
+                                        "empty"):
+        folder_to_lmdb.convert(str(tmp_path / "in"), str(tmp_path / "out"), workers=2)
 
 
 def test_workers_must_be_positive():

@@ -7,7 +7,9 @@ stay identical too: each item's statistics are computed alone (a fresh accumulat
 with ``workers=1`` as well) and merged into the shard's in item order, so the floating-point
 sums happen in the same order whatever the number of workers. Workers are started with
 ``spawn`` (the parent has TensorFlow's threads running, which ``fork`` does not copy safely),
-and each imports the converter's module, which costs a few seconds once.
+and each imports the converter's module, which costs a few seconds; the processes are kept
+for the next conversion in this process (a converter run per split, or several in a script or
+a test), and end with it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Protocol, TypeVar
+
+from input_pipelines.core.errors import DataError
 
 T = TypeVar("T")
 
@@ -46,8 +50,24 @@ def available_cores() -> int:
 def _encode_one(encode: Encode[T], new_accumulator: Callable[[], Accumulator] | None,
                 item: T) -> Encoded:
     accumulator = new_accumulator() if new_accumulator is not None else None
-    record, low, high = encode(item, accumulator)
+    try:
+        record, low, high = encode(item, accumulator)
+    except DataError as err:
+        # Back to the parent by pickling: a subclass whose constructor takes other arguments
+        # (CorruptFileError) would not unpickle there, and its message would be lost.
+        raise DataError(str(err)) from None
     return record, low, high, accumulator.to_dict() if accumulator is not None else None
+
+
+_EXECUTORS: dict[int, ProcessPoolExecutor] = {}
+
+
+def _executor(workers: int) -> ProcessPoolExecutor:
+    """This process's pool of ``workers`` processes, started on first use."""
+    if workers not in _EXECUTORS:
+        _EXECUTORS[workers] = ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"))
+    return _EXECUTORS[workers]
 
 
 class EncodePool:
@@ -61,15 +81,14 @@ class EncodePool:
         if workers < 1:
             raise ValueError(f"--workers={workers} is not valid; give at least 1")
         self.workers = workers
-        self._executor: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> EncodePool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(cancel_futures=True)
-            self._executor = None
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and self.workers in _EXECUTORS:
+            # A failed conversion may leave tasks queued or a worker dead: start afresh.
+            _EXECUTORS.pop(self.workers).shutdown(wait=False, cancel_futures=True)
 
     def map(self, encode: Encode[T], new_accumulator: Callable[[], Accumulator] | None,
             items: Sequence[T]) -> Iterator[Encoded]:
@@ -77,8 +96,5 @@ class EncodePool:
         one = functools.partial(_encode_one, encode, new_accumulator)
         if self.workers == 1 or len(items) < 2:
             return map(one, items)
-        if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"))
         chunk = max(1, min(64, len(items) // (4 * self.workers)))
-        return self._executor.map(one, items, chunksize=chunk)
+        return _executor(self.workers).map(one, items, chunksize=chunk)
