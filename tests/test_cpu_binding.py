@@ -32,7 +32,8 @@ PROBE = """
 import os, sys
 from tfscale.trainer import configure_runtime
 from tfscale.config import TrainConfig
-configure_runtime(TrainConfig(model="tiny_cnn", cpu_binding=True))
+configure_runtime(TrainConfig(model="tiny_cnn", cpu_binding=True,
+                              intra_op_threads=int(os.environ["INTRA"])))
 import tensorflow as tf
 print(sorted(os.sched_getaffinity(0)), tf.config.threading.get_intra_op_parallelism_threads())
 """
@@ -40,12 +41,22 @@ print(sorted(os.sched_getaffinity(0)), tf.config.threading.get_intra_op_parallel
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_each_local_worker_gets_its_own_core(tmp_path: Path) -> None:
-    seen = []
-    for rank in (0, 1):
+    seen, logged = [], []
+    # Worker 1 sets its thread count: that must not undo its binding.
+    for rank, intra in ((0, 0), (1, 1)):
         proc = run_process([sys.executable, "-c", PROBE], timeout=120,
-                           env={"TFSCALE_LOCAL_RANK": str(rank), "TFSCALE_LOCAL_SIZE": "2"})
+                           env={"TFSCALE_LOCAL_RANK": str(rank), "TFSCALE_LOCAL_SIZE": "2",
+                                "INTRA": str(intra)})
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen.append(proc.stdout.strip().splitlines()[-1])
+        logged.append(next(line for line in proc.stderr.splitlines()
+                           if line.startswith(f"local worker {rank} of 2: ")))
     available = sorted(os.sched_getaffinity(0))
     half = len(available) // 2
-    assert seen == [f"{available[:half]} {half}", f"{available[half:2 * half]} {half}"]
+    first, second = available[:half], available[half:2 * half]
+    assert seen == [f"{first} {half}", f"{second} 1"]
+    assert logged == [
+        f"local worker 0 of 2: bound to cores {','.join(map(str, first))} (--cpu_binding); "
+        f"intra-op threads {half}, inter-op threads TF default",
+        f"local worker 1 of 2: bound to cores {','.join(map(str, second))} (--cpu_binding); "
+        "intra-op threads 1, inter-op threads TF default"]

@@ -3,10 +3,15 @@
 Like the ``numactl``/``jsrun --bind`` settings of the Summit job scripts: without binding, two
 workers' thread pools fight over every core. The local rank and size come from the launcher's
 variables (tfscale's launcher, horovodrun, OpenMPI, Slurm, jsrun).
+
+Binding and thread counts are separate choices (:func:`plan`): ``--intra_op_threads`` sets the
+count and leaves the binding as it was chosen; only a count left to the default follows the
+binding (one intra-op thread per bound core).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -31,6 +36,39 @@ def cores_for(local_rank: int, local_size: int, available: list[int]) -> list[in
                          f"{len(available)} cores available to them")
     per = len(available) // local_size
     return available[local_rank * per:(local_rank + 1) * per]
+
+
+@dataclasses.dataclass(frozen=True)
+class Threads:
+    """Where a worker runs and how many threads its TensorFlow pools get (0 = TF's choice)."""
+
+    local_rank: int
+    local_size: int
+    cores: list[int] | None  # the cores it is bound to; None when not bound
+    intra: int
+    inter: int
+
+    def describe(self) -> str:
+        """One line for the worker's log."""
+        where = (f"bound to cores {','.join(map(str, self.cores))} (--cpu_binding)"
+                 if self.cores is not None else
+                 f"not bound (any of {len(os.sched_getaffinity(0))} cores)")
+        counts = ", ".join(f"{kind}-op threads {n or 'TF default'}"
+                           for kind, n in (("intra", self.intra), ("inter", self.inter)))
+        return f"local worker {self.local_rank} of {self.local_size}: {where}; {counts}"
+
+
+def plan(binding: bool, intra: int, inter: int,
+         environ: Mapping[str, str] = os.environ) -> Threads:
+    """Binds this process when ``binding`` (see :func:`bind`) and sizes its thread pools: a
+    count given (> 0) is kept; a bound worker's intra-op count left at 0 becomes its cores.
+
+    Raises:
+        ValueError: when binding and there are fewer cores than local workers.
+    """
+    local_rank, local_size = local_layout(environ)
+    cores = bind(environ) if binding else None
+    return Threads(local_rank, local_size, cores, intra or len(cores or ()), inter)
 
 
 def bind(environ: Mapping[str, str] = os.environ) -> list[int]:

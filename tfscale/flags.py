@@ -95,7 +95,9 @@ HELP: dict[str, str] = {
     "xla": "off; jit = compile the training step (the model's forward and backward passes only "
     "where the gradient exchange cannot run in XLA: horovod, ddl, and mirrored/multiworker "
     "replicas on CPUs); auto = TF auto-clustering.",
-    "intra_op_threads": "TF intra-op threads (0 = TF's choice).",
+    "intra_op_threads": "TF intra-op threads (0 = one per bound core with --cpu_binding, else "
+    "TF's choice). Setting it leaves --cpu_binding as it is; each worker logs its cores and "
+    "thread counts.",
     "inter_op_threads": "TF inter-op threads (0 = TF's choice).",
     "cpu_binding": "Bind each local worker to its own share of the cores (and size its thread "
     "pools to them). Not given: on when --num_processes > 1 starts several workers here (they "

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,13 +91,14 @@ def plan_segments(start: int, total: int, steps_per_epoch: int) -> list[Segment]
 
 def configure_runtime(config: TrainConfig) -> None:
     """Process-wide TF/Keras settings; must run before TensorFlow executes any op."""
-    intra = config.intra_op_threads
-    if config.cpu_binding:
-        intra = intra or len(cpu_binding.bind())
-    if intra:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-    if config.inter_op_threads:
-        tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+    threads = cpu_binding.plan(config.cpu_binding, config.intra_op_threads,
+                               config.inter_op_threads)
+    # Every worker says where it runs: a wrong binding shows only as a slow run.
+    print(threads.describe(), file=sys.stderr, flush=True)
+    if threads.intra:
+        tf.config.threading.set_intra_op_parallelism_threads(threads.intra)
+    if threads.inter:
+        tf.config.threading.set_inter_op_parallelism_threads(threads.inter)
     tf.config.optimizer.set_jit("autoclustering" if config.xla == "auto" else False)
     tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
     # Read by TF's convolution kernels when they first run, so setting it here is in time.
