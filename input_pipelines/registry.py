@@ -130,7 +130,8 @@ declare("imagenet", "input_pipelines.datasets.imagenet:build",
         recognize="input_pipelines.core.recognize:imagenet")
 declare("lmdb", "input_pipelines.datasets.lmdb:build",
         "classification from LMDB environments of Caffe Datum records (encoded or raw "
-        "images), e.g. convert_imageset's or folder_to_lmdb's", CLASSIFICATION)
+        "images), e.g. convert_imageset's or folder_to_lmdb's", CLASSIFICATION,
+        recognize="input_pipelines.core.lmdb_env:recognize")
 declare("segmentation_h5", "input_pipelines.datasets.segmentation_h5:build",
         "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
         "normalized with stats.json", SEGMENTATION,

@@ -17,9 +17,11 @@ from input_pipelines.core.errors import DataError
 from input_pipelines.core.lmdb_env import MAX_RANGE, range_bounds
 from input_pipelines.core.manifest import sha256_file
 from input_pipelines.datasets import lmdb as lmdb_dataset
+from input_pipelines.registry import recognize
 from input_pipelines.tools import folder_to_lmdb
 from tests.conftest import TINY, read_results, run_train
 from tests.pipeline_data import ONE, SHARDS_2, config, image, write_image_folder
+from tfscale.tasks import CLASSIFICATION
 
 F = descriptor_pb2.FieldDescriptorProto
 # message Datum of Caffe's src/caffe/proto/caffe.proto (BVLC master), field by field.
@@ -234,6 +236,20 @@ def test_caffe_names_and_manifest_checks(tmp_path):
     folder_to_lmdb.convert(str(tmp_path / "in"), str(tmp_path / "out"))
     with pytest.raises(DataError, match=r"out/train/data.mdb: label 2 is outside \[0, 2\)"):
         lmdb_dataset.build(plain(tmp_path / "out", num_classes=2), ONE, "train", 2)
+
+
+def test_lmdb_is_recognised_without_dataset(tmp_path):
+    write_caffe_lmdb(tmp_path / "caffe/ilsvrc12_train_lmdb", [("a", caffe_raw(image(0, 4, 4), 0))])
+    assert recognize(str(tmp_path / "caffe"), CLASSIFICATION) == (
+        "lmdb", "an LMDB training environment (ilsvrc12_train_lmdb/data.mdb)")
+    write_image_folder(tmp_path / "in", classes=2, per_class=1, splits=("train",))
+    folder_to_lmdb.convert(str(tmp_path / "in"), str(tmp_path / "out"))
+    assert recognize(str(tmp_path / "out"), CLASSIFICATION)[0] == "lmdb"
+    assert recognize(str(tmp_path / "out/train"), CLASSIFICATION)[1].endswith(
+        "(data.mdb) with a manifest.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no classification dataset recognizes"):
+        recognize(str(tmp_path / "empty"), CLASSIFICATION)
 
 
 def test_staged_copy_is_read(tmp_path, capsys):

@@ -32,7 +32,7 @@ from typing import Any
 
 from input_pipelines.core.errors import CorruptFileError, DataError
 from input_pipelines.core.files import data_root, shard_files
-from input_pipelines.core.manifest import entries_for
+from input_pipelines.core.manifest import MANIFEST, entries_for
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Shard
 from tfscale.config import TrainConfig
@@ -90,6 +90,19 @@ def split_environment(data_dir: str, split: str) -> str:
     raise DataError(f"--data_dir={data_dir} has no {split} LMDB environment: expected {named}/"
                     f"{DATA_FILE} (as folder_to_lmdb writes) or {names}/{DATA_FILE} (Caffe's "
                     "names)")
+
+
+def recognize(data_dir: str) -> str | None:
+    """What ``--dataset=lmdb`` finds in ``data_dir`` (a recognizer, see
+    :func:`input_pipelines.registry.recognize`): its training environment, or None."""
+    try:
+        train = split_environment(data_dir, "train")
+    except DataError:
+        return None
+    where = os.path.normpath(os.path.join(os.path.relpath(train, data_dir), DATA_FILE))
+    found = f"an LMDB training environment ({where})"
+    return found + (f" with a {MANIFEST}" if entries_for([os.path.join(train, DATA_FILE)])
+                    else "")
 
 
 _OPEN: dict[str, tuple[tuple[int, int, int], Any]] = {}
