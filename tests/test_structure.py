@@ -366,16 +366,20 @@ def _run_light(module: str, *args: str, env: dict[str, str] | None = None
 
 
 @pytest.mark.parametrize(("args", "code", "expected"), [
-    (["--helpshort"], 1, "--model: Model to train (see --list)."),
-    (["--helpfull"], 1, "--strategy: Distribution strategy (see --list)."),
+    (["--help"], 0, "--model: Model to train (see --list)."),
+    (["--helpshort"], 0, "--model: Model to train (see --list)."),
+    (["--helpfull"], 0, "--strategy: Distribution strategy (see --list)."),
     (["--list"], 0, "tiny_cnn            2-conv CNN without batch norm, for tests"),
     (["--model=nope"], 2, "error: unknown model 'nope'; available: deeplabv3plus, "),
     (["--dataset=nope"], 2, "error: unknown dataset 'nope'; available: image_folder, "),
     (["--strategy=nope"], 2, "error: unknown strategy 'nope'; available: "),
     (["--model=deeplabv3plus_tiny"], 2, "error: --model=deeplabv3plus_tiny is a segmentation "
                                         "model but --dataset=synthetic is classification data"),
-    (["--nosuchflag"], 1, "Unknown command line flag 'nosuchflag'"),
-    (["--batch_size=x"], 1, "flag --batch_size=x: invalid literal for int()"),
+    (["--nosuchflag"], 2, "error: Unknown command line flag 'nosuchflag'"),
+    (["--modle=x"], 2, "error: Unknown command line flag 'modle'. Did you mean: model, "
+                       "model_dir?"),
+    (["--flagfile=/nonexistent.flags"], 2, "error: Unable to open flagfile: "),
+    (["--batch_size=x"], 2, "error: flag --batch_size=x: invalid literal for int()"),
     (["--target_metric=nope:1"], 2, "error: --target_metric='nope:1': 'nope' is not reported"),
     (["--data_dir=/nonexistent"], 2, "error: --data_dir=/nonexistent does not exist"),
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
@@ -385,6 +389,16 @@ def test_train_answers_usage_without_tensorflow(args: list[str], code: int,
     exit_code, loaded, output = _run_light("tfscale.train", *args)
     assert (exit_code, loaded) == (code, []), output
     assert expected in output, output
+    if code == 2:  # bad usage: one line, whoever noticed it (absl or tfscale)
+        assert output.strip().splitlines() == [next(line for line in output.splitlines()
+                                                    if line.startswith("error: "))], output
+
+
+def test_sweep_flag_errors_and_help_exit_like_train() -> None:
+    exit_code, _, output = _run_light("tfscale.sweep", "--gird=x")
+    assert (exit_code, output.strip()) == (
+        2, "error: Unknown command line flag 'gird'. Did you mean: grid?"), output
+    assert _run_light("tfscale.sweep", "--help")[0] == 0
 
 
 def test_single_process_strategy_is_refused_under_a_launcher(tmp_path: Path) -> None:

@@ -8,11 +8,18 @@
 | 3    | the loss became NaN/Inf; the last good checkpoint is kept |
 | 4    | a peer worker was lost or stalled |
 | 75   | preempted (SIGTERM/SIGUSR1): checkpoint written, run the same command to resume |
+
+``--help``, ``--helpshort`` and ``--helpfull`` exit 0; absl's own flag errors (an unknown or
+misspelt flag, a bad value, a missing ``--flagfile``) are bad usage like any other: one line,
+exit 2 (:func:`parse_flags`).
 """
 
 from __future__ import annotations
 
 import re
+import sys
+
+from absl import flags as absl_flags
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -36,6 +43,31 @@ _PEER_FAILURE = re.compile(
     r"aborted|failed to connect|stalled|peer.*(unavailable|not respond)|Gloo|"
     r"shared-memory exchange", re.IGNORECASE)
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)|shared-memory exchange: rank\(s\) \[(\d+)")
+
+
+def parse_flags(argv: list[str],
+                flag_values: absl_flags.FlagValues = absl_flags.FLAGS) -> list[str]:
+    """absl's ``app.run(main, flags_parser=parse_flags)``: parses ``argv`` into
+    ``flag_values`` and returns the arguments that are not flags. absl itself exits 1 both
+    for help and for a flag error, the latter with a two-line ``FATAL Flags parsing error``.
+
+    Raises:
+        SystemExit: 0 after absl printed the help; 2 after one ``error: ...`` line for a flag
+            error (absl's suggestion, ``Did you mean: model, model_dir?``, kept).
+    """
+    try:
+        return flag_values(argv)
+    except absl_flags.Error as err:
+        print(f"error: {flag_error(err)}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USAGE) from None
+    except SystemExit as stop:
+        # absl's help flags print the help and exit 1; asking for help is not an error.
+        raise SystemExit(EXIT_OK if stop.code == EXIT_ERROR else stop.code) from None
+
+
+def flag_error(err: absl_flags.Error) -> str:
+    """absl's message for a flag error on one line, without its ``ERROR::`` prefix."""
+    return " ".join(str(err).removeprefix("ERROR:: ").split()).replace(" ?", "?")
 
 
 def describe_peer_failure(err: BaseException) -> str | None:

@@ -31,6 +31,7 @@ from typing import Any
 from absl import app, flags
 
 from tfscale import sweep_report
+from tfscale.errors import parse_flags
 
 _GRID = flags.DEFINE_multi_string(
     "grid", [], "NAME=V1,V2,...: a tfscale.train flag and its values (repeat for more axes).")
@@ -172,7 +173,7 @@ def main(argv: list[str]) -> int:
 
 def entry() -> None:
     """The ``tfscale-sweep`` command."""
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from tfscale.errors import (  # noqa: E402
     EXIT_USAGE,
     TrainingStopped,
     describe_peer_failure,
+    parse_flags,
 )
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
 
@@ -85,7 +86,7 @@ def entry() -> None:
     # or the tfscale-train script); the flags are defined in tfscale.flags.
     for flag in FLAGS.get_key_flags_for_module(define_flags.__module__):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

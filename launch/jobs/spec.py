@@ -18,6 +18,7 @@ from absl import flags as absl_flags
 
 from tfscale import plugins
 from tfscale.config import TrainConfig
+from tfscale.errors import flag_error
 from tfscale.flags import config_from_flags, define_flags
 from tfscale.strategies import STRATEGIES, Strategy, strategies_that
 
@@ -145,7 +146,7 @@ def train_config(train_args: tuple[str, ...]) -> TrainConfig:
     try:
         rest = values(["tfscale.train", *train_args])
     except absl_flags.Error as err:
-        raise ValueError(f"tfscale.train flags: {err}") from None
+        raise ValueError(f"tfscale.train flags: {flag_error(err)}") from None
     if len(rest) > 1:
         raise ValueError(f"tfscale.train takes only --flags; got {rest[1:]}")
     config = config_from_flags(values, plugins.choose_dataset)
