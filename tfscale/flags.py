@@ -19,7 +19,9 @@ from tfscale.config import TrainConfig
 
 HELP: dict[str, str] = {
     "model": "Model to train (see --list).",
-    "dataset": "Input pipeline (see --list).",
+    "dataset": "Input pipeline (see --list). Not given with --data_dir: the dataset that "
+    "recognizes what the directory holds (a converter's manifest, TFRecord shards, class "
+    "folders, HDF5 files), named at start-up; else synthetic.",
     "strategy": "Distribution strategy (see --list).",
     "num_processes": "Launch N local workers and wait for them; 1 runs in this process. Under "
     "horovodrun/mpirun/srun it must match the job's size.",
