@@ -209,3 +209,65 @@ def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
 def test_the_cluster_module_answers_without_a_cluster() -> None:
     proc = run_process([*CLUSTER, "--help"], timeout=60, cwd=ROOT)
     assert proc.returncode == 0 and "up --nodes=2" in proc.stdout
+
+
+@pytest.mark.usefixtures("cluster")
+def test_a_cut_link_stops_every_rank_on_every_node_with_the_checkpoint_intact(
+        tmp_path: Path) -> None:
+    """node2's link goes down mid-run (ip link set down): the ranks on both nodes are stuck in
+    a collective that has no timeout of its own; each exits within --collective_timeout_s +
+    30 s with EXIT_PEER_LOST (4), none is left on either node, and the last checkpoint
+    loads."""
+    from launch.minicluster._layout import nodes as cluster_nodes
+
+    timeout_s = 20
+    script, model_dir = _job_script(tmp_path, "slurm", "horovod", "--steps=2000",
+                                    "--log_every=1", "--checkpoint_every=5",
+                                    f"--collective_timeout_s={timeout_s}")
+    submitted = _on_cluster("sbatch", "--parsable", f"--output={tmp_path}/job-%j.out",
+                            str(script))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    log = tmp_path / "logs" / f"t-horovod-{job_id}" / "rank-0.log"
+    deadline = time.monotonic() + 180
+    while "step 12/" not in _read(log):
+        assert time.monotonic() < deadline, _logs(tmp_path)
+        time.sleep(0.5)
+    node1, node2 = cluster_nodes(2, [(0,), (0,)])
+    subprocess.run(["ip", "-n", node2.netns, "link", "set", "eth0", "down"], check=True)
+    cut = time.monotonic()
+    try:
+        while _ranks_on(node1.netns, node2.netns):
+            assert time.monotonic() - cut < timeout_s + 30, (
+                f"ranks still running {timeout_s + 30} s after the cut: "
+                f"{_ranks_on(node1.netns, node2.netns)}")
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["ip", "-n", node2.netns, "link", "set", "eth0", "up"], check=True)
+    logs = [_read(p) for p in sorted(log.parent.glob("rank-*.log"))]
+    assert len(logs) == 4 and all("a peer or its link is lost" in text for text in logs), logs
+    deadline = time.monotonic() + 60
+    while "ExitCode=" not in (shown := _on_cluster("scontrol", "show", "job", job_id).stdout) \
+            or "JobState=RUNNING" in shown:
+        assert time.monotonic() < deadline, shown
+        time.sleep(1)
+    assert "ExitCode=4:0" in shown, shown
+    newest = sorted((model_dir / "checkpoints").glob("ckpt-*.npz"))[-1]
+    with np.load(newest) as checkpoint:
+        assert all(np.isfinite(checkpoint[k]).all() for k in checkpoint.files)
+
+
+def _ranks_on(*netns: str) -> list[int]:
+    """The tfscale.train processes in these network namespaces (the nodes share a pid space, so
+    a name alone would also match the other node's)."""
+    from launch.minicluster._namespaces import processes_in
+
+    return [pid for pid in processes_in(list(netns))
+            if b"tfscale.train" in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -117,16 +117,17 @@ HELP: dict[str, str] = {
     "backward pass: less memory for more compute. See docs/LARGE_BATCH.md.",
     "cpu_replicas": "mirrored on CPU: split the CPU into N logical devices (replicas).",
     "collective": "multiworker collective implementation.",
-    "collective_timeout_s": "Collective timeout in seconds; a dead peer raises instead of hanging "
-    "(0 = library default).",
+    "collective_timeout_s": "Collective timeout in seconds; a dead peer raises instead of hanging, "
+    "and a worker none of whose steps ends for this long (a peer or its link lost mid-"
+    "collective) exits with code 4 (0 = library default, no watchdog).",
     "ddl_local_size": "ddl: processes per node, overriding the launcher's host list.",
     "node_exchange": "horovod, ddl, multiworker: how the processes of one node exchange "
     "gradients. shared_memory: through a /dev/shm segment (x86-64, CPU workers): the whole "
     "all-reduce for horovod and multiworker when every worker is on one node, the node phases "
     "of ddl's hierarchical all-reduce; collectives: the strategy's own transport (Horovod's "
     "Gloo/MPI, TensorFlow's gRPC ring). auto: shared_memory where it applies (CPU-only x86-64 "
-    "workers on one node for horovod and multiworker), else collectives. --ddl_node_exchange is "
-    "the old name.",
+    "workers on one node for horovod, inside each node for ddl and multi-node horovod), else "
+    "collectives. --ddl_node_exchange is the old name.",
     "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
     "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
     "cycle_time_ms": "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else, on "

@@ -269,6 +269,8 @@ class Trainer:
         if cfg.tensorboard and self.strategy.is_chief:
             named["tensorboard"] = keras.callbacks.TensorBoard(
                 str(self.model_dir / "tensorboard"), write_graph=False)
+        if cfg.collective_timeout_s:
+            named["watchdog"] = cbs.StepWatchdog(cfg.collective_timeout_s)
         # Last, so that each measured step includes the other callbacks' work.
         named["meter"] = meter
         return named

@@ -14,8 +14,9 @@ from tfscale.callbacks.step import optimizer_step
 from tfscale.callbacks.target import TargetStop
 from tfscale.callbacks.throughput import ThroughputMeter
 from tfscale.callbacks.warmup import LearningRateWarmup
+from tfscale.callbacks.watchdog import StepWatchdog
 
 __all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "DDLGlobalVariablesBroadcast",
            "DDLMetricSync", "EpochEvents", "Evaluation", "LearningRateWarmup", "MetricAverage",
-           "ProfileSteps", "ProgressLogger", "TargetStop", "ThroughputMeter", "TrainingGuard",
-           "check_ddl_order", "optimizer_step"]
+           "ProfileSteps", "ProgressLogger", "StepWatchdog", "TargetStop", "ThroughputMeter",
+           "TrainingGuard", "check_ddl_order", "optimizer_step"]
