@@ -13,6 +13,10 @@ setup:
 demo: setup
 	$(PY) -m tfscale.train $(DEMO_FLAGS) --model_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+# The mini-cluster tests run srun --mpi=pmix and mpirun jobs, which need Horovod built with MPI:
+# where they can run (as root, with apt-get), the test set-up installs Open MPI and builds it.
+test: export TFSCALE_WITH_MPI ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+                                   && echo 1 || echo auto)
 test: setup lint
 	$(PY) -m pytest -q
 
