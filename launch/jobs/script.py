@@ -177,7 +177,7 @@ def preflight(req: JobRequest, needs: str) -> list[str]:
     hint = ("TFSCALE_WITH_MPI=1 bash launch/setup.sh" if needs == "mpi"
             else "bash launch/setup.sh")
     return [f"# The {req.strategy} strategy needs a Horovod built with {needs.upper()}.",
-            f"{shlex.quote(req.python)} - <<'TFSCALE_CHECK'",
+            f"TF_CPP_MIN_LOG_LEVEL=3 {shlex.quote(req.python)} - <<'TFSCALE_CHECK'",
             "import sys",
             "import horovod.tensorflow as hvd",
             f"if not hvd.{needs}_built():",
@@ -220,6 +220,8 @@ def job_script(req: JobRequest, header: Sequence[str], rank: str, launch: Sequen
               '  echo "[tfscale] the launcher exited with status $status; the end of each '
               'rank\'s log:" >&2',
               '  tail -n 5 "$LOG_DIR"/rank-*.log >&2 || true',
+              "else",
+              "  sed -n '/== tfscale summary ==/,$p' \"$LOG_DIR/rank-0.log\" || true",
               "fi",
               'exit "$status"']
     return "\n".join(lines) + "\n"
