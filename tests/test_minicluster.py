@@ -8,6 +8,7 @@ cannot make namespaces (not root, a sandbox), every test here skips and says why
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -184,13 +185,24 @@ def _read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
+GRPC = "inside a node: gRPC (auto collectives); across nodes: gRPC (auto collectives)"
+# CI runs one case of each transport; TFSCALE_CLUSTER_ALL=1 runs every strategy x mode.
+ALL = pytest.mark.skipif(os.environ.get("TFSCALE_CLUSTER_ALL") != "1",
+                         reason="the full strategy x --node_exchange matrix runs with "
+                                "TFSCALE_CLUSTER_ALL=1 (CI runs one case of each transport)")
+
+
 @pytest.mark.usefixtures("cluster")
 @pytest.mark.parametrize("strategy, exchange, transport", [
-    ("horovod", "auto", "inside a node: shared memory; across nodes: Horovod (MPI)"),
-    ("ddl", "shared_memory", "inside a node: shared memory; across nodes: Horovod (MPI)"),
+    ("horovod", "auto", SHARED_MPI),
+    ("ddl", "shared_memory", SHARED_MPI),
     ("ddl", "collectives", "inside a node: Horovod (MPI); across nodes: Horovod (MPI)"),
-    ("multiworker", "collectives", "inside a node: gRPC (auto collectives); across nodes: "
-                                   "gRPC (auto collectives)"),
+    ("multiworker", "collectives", GRPC),
+    pytest.param("horovod", "shared_memory", SHARED_MPI, marks=ALL),
+    pytest.param("horovod", "collectives",
+                 "inside a node: Horovod (MPI); across nodes: Horovod (MPI)", marks=ALL),
+    pytest.param("ddl", "auto", SHARED_MPI, marks=ALL),
+    pytest.param("multiworker", "auto", GRPC, marks=ALL),
 ])
 def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
         strategy: str, exchange: str, transport: str, tmp_path: Path) -> None:
@@ -204,6 +216,16 @@ def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
     assert max_abs_diff(reference(tmp_path / "ref", 16, steps=2), distributed) < 1e-5
     describe = json.loads((tmp_path / "dist" / "rank0.json").read_text())["describe"]
     assert transport in describe, describe
+
+
+@pytest.mark.usefixtures("cluster")
+def test_multiworker_refuses_shared_memory_across_nodes_in_one_line(tmp_path: Path) -> None:
+    run = _on_cluster("srun", "-N2", "--ntasks-per-node=1", *WORKER, "--strategy=multiworker",
+                      "--node_exchange=shared_memory", f"--out={tmp_path}")
+    assert run.returncode != 0
+    assert ("--node_exchange=shared_memory: --strategy=multiworker exchanges through shared "
+            "memory only with all workers on one node, and they run on 2 hosts (node1, node2)"
+            in run.stderr), run.stderr[-2000:]
 
 
 def test_the_cluster_module_answers_without_a_cluster() -> None:
