@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 
 from input_pipelines.core.errors import DataError
-from input_pipelines.registry import Shard
+from tfscale.shard import Shard
 
 # Files that live beside the data but are not data.
 SIDECARS = (".json", ".txt", ".md", ".tmp", ".lock", ".sha256")
