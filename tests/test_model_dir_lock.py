@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TINY, requires_horovod, run_train
 from tfscale.model_dir_lock import LOCK, acquire, process_start, release
 
 
@@ -53,3 +54,22 @@ def test_a_reused_pid_or_another_host_is_told_apart(tmp_path: Path) -> None:
     _held_by(tmp_path, 1, host="elsewhere")
     with pytest.raises(ValueError, match=f"pid 1 on host elsewhere .*remove {tmp_path}/{LOCK}"):
         acquire(tmp_path)
+
+
+@requires_horovod
+def test_workers_stop_together_when_the_chief_cannot_take_the_model_dir(tmp_path: Path) -> None:
+    holder = subprocess.Popen(["sleep", "120"])
+    try:
+        _held_by(tmp_path, holder.pid)
+        proc = run_train(*TINY, "--strategy=horovod", "--num_processes=2", "--steps=2",
+                         f"--model_dir={tmp_path}", timeout=180)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    errors = sorted(line for line in proc.stdout.splitlines() if "error:" in line)
+    assert len(errors) == 2, proc.stdout
+    assert errors[0].startswith(f"[0] error: --model_dir={tmp_path} is in use by the run of pid "
+                                f"{holder.pid} on host {socket.gethostname()} (since "), errors
+    assert errors[0].endswith(f"(if no run uses it any more, remove {tmp_path}/{LOCK})"), errors
+    assert errors[1] == "[1] error: the chief could not take --model_dir (see its error)"

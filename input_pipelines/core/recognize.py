@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from input_pipelines.core.class_folders import IMAGE_SUFFIXES
-from input_pipelines.core.files import is_glob
+from input_pipelines.core.files import SIDECARS, is_glob
 from input_pipelines.core.manifest import MANIFEST
 from input_pipelines.core.sample_files import H5_SUFFIXES
 from input_pipelines.core.stats import STATS
@@ -48,7 +48,7 @@ def _training_files(data_dir: str) -> list[str]:
     root = glob.escape(data_dir)
     for pattern in ("train-*", os.path.join("train", "*"), "*"):
         found = sorted(p for p in glob.glob(os.path.join(root, pattern))
-                       if os.path.isfile(p) and not p.endswith((".json", ".txt", ".md")))
+                       if os.path.isfile(p) and not p.lower().endswith(SIDECARS))
         if found:
             return found
     return []
