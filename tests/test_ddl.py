@@ -246,8 +246,8 @@ def test_train_cli_on_two_simulated_nodes(tmp_path: Path) -> None:
     proc = run_train(*TINY, "--strategy=ddl", "--num_processes=2", "--ddl_local_size=1",
                      "--steps=3", "--lr_scaling=linear", f"--model_dir={tmp_path}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "ddl: 2 learner(s) on 2 node(s) x 1 process(es), hierarchical all-reduce; " \
-           "learning rate x2 (--lr_scaling=linear)" in proc.stdout
+    assert "ddl: 2 learner(s) on 2 node(s) x 1 process(es), hierarchical all-reduce (across " \
+           "nodes: Horovod (Gloo)); learning rate x2 (--lr_scaling=linear)" in proc.stdout
     results = read_results(tmp_path)
     assert results["num_workers"] == 2 and results["global_batch_size"] == 8
     assert results["steps"] == 3 and np.isfinite(results["final_loss"])
