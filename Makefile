@@ -18,7 +18,7 @@ demo: setup
 test: export TFSCALE_WITH_MPI ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
                                    && echo 1 || echo auto)
 test: setup lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 lint: setup
 	$(PY) -m ruff check .
