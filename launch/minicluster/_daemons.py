@@ -8,11 +8,12 @@ shared filesystem, which every namespace reaches.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launch.minicluster import _namespaces as ns
@@ -178,8 +179,12 @@ def start(head: Host, nodes: Sequence[Host]) -> None:
     _wait(lambda: all(state.startswith("idle") for state in node_states(head, names).values()),
           "slurmd", LOG_DIR / f"slurmd-{names[-1]}.log")
     for node in nodes:
-        _wait(lambda node=node: _on(head, "ssh", node.name, "true").returncode == 0,
-              f"sshd on {node.name}", LOG_DIR / f"sshd-{node.name}.out")
+        _wait(functools.partial(_ssh_answers, head, node.name), f"sshd on {node.name}",
+              LOG_DIR / f"sshd-{node.name}.out")
+
+
+def _ssh_answers(head: Host, node: str) -> bool:
+    return _on(head, "ssh", node, "true").returncode == 0
 
 
 def node_states(head: Host, names: Sequence[str]) -> dict[str, str]:
@@ -198,8 +203,7 @@ def _on(host: Host, *command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(list(command), 124, "", "timed out")
 
 
-def _wait(ready: object, what: str, log: Path) -> None:
-    assert callable(ready)
+def _wait(ready: Callable[[], bool], what: str, log: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if ready():

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+    from tfscale.collectives.placement import ExchangePlan
     from tfscale.config import TrainConfig
 
 
@@ -93,6 +94,8 @@ class Strategy(abc.ABC):
     job_launchers: ClassVar[frozenset[str]] = ALL_JOB_LAUNCHERS
     owned_flags: ClassVar[tuple[str, ...]] = ()
     tuning_flags: ClassVar[tuple[str, ...]] = ()
+    # What carries the gradients inside and across nodes, once set up (exchange() says it).
+    exchange_plan: ExchangePlan | None = None
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -228,8 +231,9 @@ class Strategy(abc.ABC):
 
     def exchange(self) -> str:
         """What carries the gradients inside a node and across nodes, for the logs and
-        results.json ("" for a strategy with nothing to exchange between processes)."""
-        return ""
+        results.json: :attr:`exchange_plan`, set by strategies that exchange gradients between
+        processes ("" for the others)."""
+        return "" if self.exchange_plan is None else self.exchange_plan.describe()
 
     def describe(self) -> str:
         """One line for logs: the strategy and its layout."""

@@ -113,7 +113,6 @@ class HorovodStrategy(Strategy):
     """
 
     reduce: HierarchicalAllReduce | None = None
-    exchange_plan: ExchangePlan | None = None
     # Set by apply_environment: it chose the shared-memory cycle time.
     _long_cycle = False
 
@@ -224,9 +223,6 @@ class HorovodStrategy(Strategy):
         """Whether, by the launcher's variables, the ranks of this job span several nodes."""
         env = cluster_env.this_process()
         return env.local_size < env.size
-
-    def exchange(self) -> str:
-        return "" if self.exchange_plan is None else self.exchange_plan.describe()
 
     def apply_environment(self) -> None:
         """Sets :meth:`environment`'s variables, and Horovod's cycle time for CPU training

@@ -42,7 +42,7 @@ from tfscale.collectives.hierarchical import (
     new_token,
     node_exchange_for,
 )
-from tfscale.collectives.placement import ExchangePlan, gather_strings, plan_exchange, shm_domain
+from tfscale.collectives.placement import gather_strings, plan_exchange, shm_domain
 from tfscale.keras_version import check_keras_version
 from tfscale.strategies.base import Launcher
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
@@ -87,7 +87,6 @@ class MultiWorkerStrategy(TFDistributeStrategy):
 
     alone = False
     reduce: HierarchicalAllReduce | None = None
-    exchange_plan: ExchangePlan | None = None
 
     launcher = Launcher.TF_CONFIG
     # horovodrun starts Horovod ranks only; the other launchers give each rank what its
@@ -185,9 +184,6 @@ class MultiWorkerStrategy(TFDistributeStrategy):
             return None
         return HierarchicalAllReduce.on_one_node(node, name="tfscale.multiworker",
                                                  transient=True, plan=self.exchange_plan)
-
-    def exchange(self) -> str:
-        return "" if self.exchange_plan is None else self.exchange_plan.describe()
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         if self.reduce is None:
