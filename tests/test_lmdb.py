@@ -21,6 +21,7 @@ from input_pipelines.registry import recognize
 from input_pipelines.tools import folder_to_lmdb
 from tests.conftest import TINY, read_results, run_train
 from tests.pipeline_data import ONE, SHARDS_2, config, image, write_image_folder
+from tfscale.targets import has_validation_split
 from tfscale.tasks import CLASSIFICATION
 
 F = descriptor_pb2.FieldDescriptorProto
@@ -130,6 +131,9 @@ def test_caffe_written_environment_reads_back_bit_exact(tmp_path, kind):
             expected.append(tf.io.decode_image(encoded).numpy())
     write_caffe_lmdb(tmp_path / "digits_train_lmdb", values)
     write_caffe_lmdb(tmp_path / "digits_val_lmdb", values[:3])
+    # The run evaluates on Caffe's validation environment without being told to.
+    assert has_validation_split(str(tmp_path))
+    assert not has_validation_split(str(tmp_path / "digits_train_lmdb"))
     channels = 1 if kind == "gray" else 3
     cfg = plain(tmp_path, input_channels=channels)
     got = pixels_of(lmdb_dataset.build(cfg, ONE, "validation", 2).dataset)

@@ -72,13 +72,19 @@ def parse_target(text: str) -> Target | None:
 
 
 def has_validation_split(data_dir: str) -> bool:
-    """True when ``data_dir`` is a directory holding ``validation-*`` files or a
-    ``validation/`` folder (the layouts of :mod:`input_pipelines.core.files`)."""
+    """True when ``data_dir`` is a directory holding ``validation-*`` files, a
+    ``validation/`` folder (the layouts of :mod:`input_pipelines.core.files`), or an LMDB
+    validation environment under Caffe's names (``*val*_lmdb``, ``*test*_lmdb``)."""
     if not data_dir or not os.path.isdir(data_dir):
         return False
+    from input_pipelines.core.lmdb_env import CAFFE_NAMES, is_environment
+
     root = glob.escape(data_dir)
+    caffe = (p for pattern in CAFFE_NAMES["validation"]
+             for p in glob.glob(os.path.join(root, pattern)))
     return bool(glob.glob(os.path.join(root, "validation-*"))
-                or os.path.isdir(os.path.join(data_dir, "validation")))
+                or os.path.isdir(os.path.join(data_dir, "validation"))
+                or any(is_environment(p) for p in caffe))
 
 
 def evaluation_enabled(config: TrainConfig) -> bool:
