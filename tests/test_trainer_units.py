@@ -72,3 +72,38 @@ def test_configure_runtime_sets_tf32_and_cudnn_autotune(monkeypatch: pytest.Monk
         assert os.environ["TF_CUDNN_USE_AUTOTUNE"] == "1"
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(True)
+
+
+class _Workers:
+    """The part of a Strategy that Trainer._total_steps uses, for one worker of several whose
+    example counts are ``shares`` (``all_reduce`` sees every worker's value)."""
+
+    def __init__(self, shares: list[int], rank: int) -> None:
+        self.shares, self.rank = shares, rank
+        self.replicas_in_process = 1
+
+    def all_reduce(self, values: list[float], op: str = "mean") -> list[float]:
+        assert op == "min"
+        per_worker = [[float(s // 4), -float(s // 4)] for s in self.shares]
+        return [min(column) for column in zip(*per_worker, strict=True)]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_uneven_shards_give_every_worker_the_same_epoch(rank: int) -> None:
+    """Shards of 13 and 9 examples, batches of 4: both workers take 2 steps per epoch (the
+    9-example one has only 2 batches), or one would wait forever in a collective."""
+    from types import SimpleNamespace
+
+    from tfscale.config import TrainConfig
+    from tfscale.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.config = TrainConfig(model="mlp", batch_size=4, steps=0, epochs=3,
+                                 dataset="image_folder", data_dir="/data")
+    trainer.strategy = _Workers([13, 9], rank)  # type: ignore[assignment]
+    train = SimpleNamespace(examples=[13, 9][rank])
+    assert trainer._total_steps(train) == (6, 2)  # type: ignore[arg-type]
+    trainer.strategy = _Workers([13, 3], rank)  # type: ignore[assignment]
+    train = SimpleNamespace(examples=[13, 3][rank])
+    with pytest.raises(ValueError, match="at least one batch of 4 examples on every worker"):
+        trainer._total_steps(train)  # type: ignore[arg-type]

@@ -201,16 +201,31 @@ class Trainer:
                          self.task, cfg.num_classes, self.strategy)
 
     def _total_steps(self, train: input_pipelines.Batches) -> tuple[int, int]:
+        """The run's last step and its steps per epoch.
+
+        An epoch is as many steps as the worker with the fewest examples has whole batches
+        (shards of files or records may be uneven): every worker takes the same number of
+        steps, or the collectives of the longer ones would wait forever.
+        """
         cfg = self.config
         if cfg.steps:
             total = cfg.steps
         else:
             per_process = self._process_batch("train")
-            if not train.examples or train.examples < per_process:
-                raise ValueError(f"--steps=0 needs a finite dataset of at least one batch; "
+            own = train.examples // per_process if train.examples else 0
+            fewest, most = self.strategy.all_reduce([float(own), -float(own)], "min")
+            batches = int(fewest)
+            if batches < 1:
+                raise ValueError(f"--steps=0 (one pass over the data per epoch) needs at least "
+                                 f"one batch of {per_process} examples on every worker; "
                                  f"--dataset={cfg.dataset} gives {train.examples} examples "
-                                 f"per worker for a batch of {per_process}")
-            total = cfg.epochs * (train.examples // per_process)
+                                 f"to this worker{'' if own < 1 else ' and fewer to another'}"
+                                 "; give --steps, a smaller --batch_size, or more data")
+            if batches != -int(most):
+                rank_zero.log(f"workers hold uneven shares of --dataset={cfg.dataset} "
+                              f"({batches} to {-int(most)} batches): an epoch is {batches} "
+                              "steps, as many as every worker has")
+            total = cfg.epochs * batches
         return total, math.ceil(total / cfg.epochs)
 
     def _build(self, total_steps: int) -> keras.Model:
