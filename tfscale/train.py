@@ -53,11 +53,14 @@ def main(argv: list[str]) -> int:
         config = config_from_flags(FLAGS, plugins.choose_dataset)
         plugins.validate_names(config)
         plugins.check_launcher(config)
-        config_change.check_resume(config, rank_zero.log)
+        launching = config.num_processes > 1 and not cluster_env.launched()
+        # A launcher refuses a changed configuration before any worker starts; the chief
+        # worker then logs the allowed changes, once.
+        config_change.check_resume(config, (lambda _: None) if launching else rank_zero.log)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    if config.num_processes > 1 and not cluster_env.launched():
+    if launching:
         from launch.local import launch_workers
 
         return launch_workers(config)
