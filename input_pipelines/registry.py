@@ -24,11 +24,14 @@ A pipeline builder is called once per worker process as
 Your own pipeline registers with the decorator ``@input_pipelines.register(name, description,
 task=...)``, optionally with ``recognize=`` (a function, or ``"module:function"``, taking the
 ``--data_dir`` and returning a few words on what it found there, or None when that is not this
-dataset's data: how the dataset is chosen when ``--dataset`` is left out, see :func:`recognize`)
-and ``reads_data_dir=False`` for data generated without files (a ``--data_dir`` is then an
-error). The built-in ones are declared at the end of this module by name, builder
-(``"module:function"``), description and task (:mod:`tfscale.tasks`); a dataset's module is
-imported when its builder is fetched.
+dataset's data: how the dataset is chosen when ``--dataset`` is left out, see :func:`recognize`),
+``reads_data_dir=False`` for data generated without files (a ``--data_dir`` is then an
+error), and ``inference=`` (a function, or ``"module:function"``, taking the config and
+returning an :class:`input_pipelines.core.inference.Inference`: how evaluation turns a raw
+image into the model's input, which the trainer puts in front of the exported model). The
+built-in ones are declared at the end of this module by name, builder (``"module:function"``),
+description and task (:mod:`tfscale.tasks`); a dataset's module is imported when its builder
+is fetched.
 """
 
 from __future__ import annotations
@@ -123,23 +126,28 @@ def recognize(data_dir: str, task: str) -> tuple[str, str]:
 # One module per dataset under input_pipelines/datasets/, each with a ``build`` function.
 declare("image_folder", "input_pipelines.datasets.image_folder:build",
         "classification from folders of images, one sub-folder per class", CLASSIFICATION,
-        recognize="input_pipelines.core.recognize:image_folder")
+        recognize="input_pipelines.core.recognize:image_folder",
+        inference="input_pipelines.core.inference:image_folders")
 declare("imagenet", "input_pipelines.datasets.imagenet:build",
         "ImageNet-style JPEG classification from TFRecord shards "
         "(image/encoded, image/class/label)", CLASSIFICATION,
-        recognize="input_pipelines.core.recognize:imagenet")
+        recognize="input_pipelines.core.recognize:imagenet",
+        inference="input_pipelines.core.inference:images")
 declare("lmdb", "input_pipelines.datasets.lmdb:build",
         "classification from LMDB environments of Caffe Datum records (encoded or raw "
         "images), e.g. convert_imageset's or folder_to_lmdb's", CLASSIFICATION,
-        recognize="input_pipelines.core.lmdb_env:recognize")
+        recognize="input_pipelines.core.lmdb_env:recognize",
+        inference="input_pipelines.core.inference:images")
 declare("segmentation_h5", "input_pipelines.datasets.segmentation_h5:build",
         "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
         "normalized with stats.json", SEGMENTATION,
-        recognize="input_pipelines.core.recognize:segmentation_h5")
+        recognize="input_pipelines.core.recognize:segmentation_h5",
+        inference="input_pipelines.core.inference:samples")
 declare("segmentation_tfrecord", "input_pipelines.datasets.segmentation_tfrecord:build",
         "segmentation from TFRecord shards (raw float data, int labels), "
         "normalized with stats.json", SEGMENTATION,
-        recognize="input_pipelines.core.recognize:segmentation_tfrecord")
+        recognize="input_pipelines.core.recognize:segmentation_tfrecord",
+        inference="input_pipelines.core.inference:samples")
 declare("synthetic", "input_pipelines.datasets.synthetic:build",
         "random images and labels generated once on the device", CLASSIFICATION,
         reads_data_dir=False)

@@ -36,7 +36,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tfscale", "models", "input_pipelines", "launch")
 # The entry points that assemble a run from the registries; the rest of the core stays below.
-ASSEMBLERS = {"tfscale.train", "tfscale.trainer", "tfscale.plugins", "tfscale.sweep"}
+# tfscale.predict reads images as the pipelines do (their file types and first bytes).
+ASSEMBLERS = {"tfscale.train", "tfscale.trainer", "tfscale.plugins", "tfscale.sweep",
+              "tfscale.predict"}
 ABOVE_CORE = ("models", "input_pipelines", "launch")
 # The collectives layer is the bottom: strategies, callbacks and users' scripts sit on it.
 ABOVE_COLLECTIVES = ("tfscale.strategies", "tfscale.callbacks", "tfscale.trainer",

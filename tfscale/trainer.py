@@ -29,6 +29,7 @@ import tensorflow as tf
 
 import input_pipelines
 import models
+from input_pipelines.core import inference as input_inference
 from tfscale import callbacks as cbs
 from tfscale import (
     config_change,
@@ -45,6 +46,7 @@ from tfscale.config import TrainConfig
 from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
 from tfscale.evaluation import EvaluationSummaries, Evaluator
 from tfscale.events import EventLog
+from tfscale.export import EXPORT, export_inference, plain_copy
 from tfscale.files import write_json_atomic
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
@@ -413,7 +415,7 @@ class Trainer:
             reached = named["target"].result
             out["target"] = {**(reached or not_reached), "reached": reached is not None}
         if strategy.is_chief:
-            save_model(model, self.model_dir / "model.keras")
+            save_model(model, self.model_dir, cfg)
         results.publish(out, str(self.model_dir))
         return out
 
@@ -445,19 +447,32 @@ class Trainer:
         return out
 
 
-def save_model(model: keras.Model, path: Path) -> None:
-    """Saves ``model``'s architecture and weights in Keras format, atomically (temporary name,
-    then rename).
-
-    The file holds an uncompiled copy: the optimizer, its schedule and the loss are tfscale
-    objects that plain ``keras.models.load_model`` would not know, and the training state is
-    in the checkpoints anyway.
+def save_model(model: keras.Model, model_dir: Path, config: TrainConfig) -> None:
+    """Saves ``model_dir/model.keras`` (the model's architecture and weights, uncompiled, see
+    :func:`~tfscale.export.plain_copy`) and, when ``config.dataset`` declares how evaluation
+    preprocesses a raw input, ``model_dir/export/``, the model for inference that takes raw
+    images (:mod:`tfscale.export`); each atomically (temporary name, then rename).
     """
-    plain = type(model).from_config(model.get_config())
-    plain.set_weights(model.get_weights())
+    plain = plain_copy(model)
+    path = model_dir / "model.keras"
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         plain.save(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    inference = input_inference.for_run(config)
+    if inference is None:
+        if input_pipelines.reads_data_dir(config.dataset):
+            rank_zero.log(f"no model exported for inference: --dataset={config.dataset} "
+                          "declares no preprocessing of raw inputs")
+        return
+    info = {"model": config.model, "dataset": config.dataset, "data_dir": config.data_dir,
+            "task": inference.task, "step": cbs.optimizer_step(model),
+            "image_size": inference.image_size, "classes": inference.classes,
+            "classes_from": inference.classes_from, "num_classes": config.num_classes,
+            "preprocessing": inference.describe}
+    seconds = export_inference(plain, model_dir / EXPORT, inference.preprocess, inference.dtype,
+                               inference.channels, info)
+    rank_zero.log(f"exported for inference in {seconds:.1f} s: {model_dir / EXPORT} (predict "
+                  f"with: python -m tfscale.predict --model_dir={model_dir} IMAGE...)")

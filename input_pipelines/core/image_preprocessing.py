@@ -54,13 +54,13 @@ def _decode_window(encoded: tf.Tensor, window: Window, channels: int) -> tf.Tens
 
 def per_channel_affine(image: tf.Tensor, scale: Sequence[float],
                        offset: Sequence[float]) -> tf.Tensor:
-    """``image * scale + offset`` per channel, for an image ``[H, W, C]`` of static width.
+    """``image * scale + offset`` per channel, for images ``[..., H, W, C]`` of static width.
 
     The per-channel vectors are tiled to a ``[1, W, C]`` row first: TensorFlow's CPU kernels
     broadcast a row over the height about 4x faster than a ``[C]`` vector over every pixel,
     which made normalization the costliest step of ImageNet preprocessing.
     """
-    width = image.shape[1]
+    width = image.shape[-2]
     row = np.ones((1, width, 1), np.float32)
     return (tf.cast(image, tf.float32) * tf.constant(row * np.asarray(scale, np.float32))
             + tf.constant(row * np.asarray(offset, np.float32)))
@@ -119,6 +119,15 @@ def train_image(encoded: tf.Tensor, seed: tf.Tensor, image_size: int, channels: 
     return normalize(image, preprocessing)
 
 
+def central_square(shape: tf.Tensor, fraction: float) -> tf.Tensor:
+    """The crop window ``[y, x, h, w]`` of the central square covering ``fraction`` of the
+    shorter side of an image of ``shape`` ``[height, width, ...]``."""
+    height, width = shape[0], shape[1]
+    side = tf.cast(fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
+    side = tf.maximum(side, 1)
+    return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
+
+
 def eval_image(encoded: tf.Tensor, image_size: int, channels: int,
                preprocessing: Preprocessing) -> tf.Tensor:
     """Central crop (``preprocessing.eval_crop_fraction`` of the shorter side) of an encoded
@@ -128,16 +137,25 @@ def eval_image(encoded: tf.Tensor, image_size: int, channels: int,
         float32 ``[image_size, image_size, channels]``.
     """
     fraction = preprocessing.eval_crop_fraction
-
-    def window(shape: tf.Tensor) -> tf.Tensor:
-        height, width = shape[0], shape[1]
-        side = tf.cast(fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
-        side = tf.maximum(side, 1)
-        return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
-
-    image = _resize(_decode_window(encoded, window, channels), image_size)
-    image = tf.ensure_shape(image, [image_size, image_size, channels])
+    image = _decode_window(encoded, lambda shape: central_square(shape, fraction), channels)
+    image = tf.ensure_shape(_resize(image, image_size), [image_size, image_size, channels])
     return normalize(image, preprocessing)
+
+
+def eval_pixels(images: tf.Tensor, image_size: int, preprocessing: Preprocessing) -> tf.Tensor:
+    """What :func:`eval_image` does after decoding, for decoded images ``[N, H, W, C]`` of one
+    size (uint8 or float pixels in [0, 255]): the same window, resize and normalization, so an
+    exported model given raw pixels sees what evaluation saw (decoding a JPEG window equals
+    slicing the decoded image).
+
+    Returns:
+        float32 ``[N, image_size, image_size, C]``.
+    """
+    window = central_square(tf.shape(images)[1:], preprocessing.eval_crop_fraction)
+    crop = images[:, window[0]:window[0] + window[2], window[1]:window[1] + window[3], :]
+    resized = _resize(crop, image_size)
+    resized = tf.ensure_shape(resized, [None, image_size, image_size, images.shape[-1]])
+    return normalize(resized, preprocessing)
 
 
 def validate_channels(channels: int, dataset: str) -> None:

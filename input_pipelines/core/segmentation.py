@@ -73,14 +73,20 @@ def _crop(data: tf.Tensor, labels: tf.Tensor, top: tf.Tensor, left: tf.Tensor,
     return (data[top:top + size, left:left + size, :], labels[top:top + size, left:left + size])
 
 
+def stats_affine(stats: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """The per-channel scale and offset that make ``(value - mean) / std`` with the
+    statistics of ``stats.json``."""
+    scale = [1 / s for s in stats["std"]]
+    return scale, [-m / s for m, s in zip(stats["mean"], stats["std"], strict=True)]
+
+
 def segmentation_transform(stats: dict[str, Any], config: TrainConfig, split: str
                            ) -> Callable[[tuple[tf.Tensor, tf.Tensor], tf.Tensor],
                                          tuple[tf.Tensor, tf.Tensor]]:
     """(data, labels), seed -> (normalized cropped data, checked labels) for ``split``."""
     height, width, channels = stats["sample_shape"]
     size = config.image_size
-    scale = [1 / s for s in stats["std"]]
-    offset = [-m / s for m, s in zip(stats["mean"], stats["std"], strict=True)]
+    scale, offset = stats_affine(stats)
 
     def transform(sample: tuple[tf.Tensor, tf.Tensor],
                   seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
