@@ -40,8 +40,27 @@ def test_default_strategy_writes_everything(tmp_path: Path) -> None:
     assert "accuracy" in results["metrics"]
     assert CheckpointManager(tmp_path / "checkpoints").steps() == [6, 3]
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents*"))
+    # Per-step scalars every --log_every (1) steps beside Keras' epoch scalars; progress lines
+    # with the ETAs and the compiled first step once.
+    assert step_scalars(tmp_path / "tensorboard" / "steps") == {
+        "step/loss": list(range(1, 7)), "step/learning_rate": list(range(1, 7)),
+        "step/images_per_sec": [2, 3, 4, 5, 6], "step/step_time_ms": [2, 3, 4, 5, 6]}
+    assert proc.stdout.count("first step compiled in") == 1
+    assert "step 6/6  loss " in proc.stdout and "ETA 0:00:00  |  epoch 2 3/3  " in proc.stdout
     model = keras.models.load_model(tmp_path / "model.keras")
     assert model.output_shape == (None, 4)
+
+
+def step_scalars(directory: Path) -> dict[str, list[int]]:
+    """The steps of each scalar tag in ``directory``'s event files."""
+    import tensorflow as tf
+
+    steps: dict[str, list[int]] = {}
+    for path in sorted(directory.glob("events.out.tfevents*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                steps.setdefault(value.tag, []).append(event.step)
+    return steps
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,11 @@ def test_num_processes_launcher_linear_scaling_and_accumulation(tmp_path: Path) 
     assert "[0] step 4/4" in proc.stdout and "[0] step 5" not in proc.stdout
     assert "global batch 16 (4 per replica x 2 micro-batches per step)" in proc.stdout
     assert "[1] step" not in proc.stdout, "only the chief prints progress"
+    # The last line's loss is the summary's: the mean over the workers of their last window.
+    last = re.findall(r"\[0\] step 4/4  loss (\S+)", proc.stdout)
+    final = re.findall(r"final loss \(last progress line: up to 1 steps, mean of 2 workers\) +"
+                       r"(\S+)", proc.stdout)
+    assert last and last == final, proc.stdout[-3000:]
     results = read_results(tmp_path)
     assert results["num_workers"] == 2 and results["steps"] == 4
     assert results["global_batch_size"] == 16 and results["grad_accum_steps"] == 2

@@ -29,7 +29,7 @@ def summary(results: dict[str, Any]) -> str:
         ("images/sec (total)", f"{results['images_per_sec']:.2f}"),
         ("images/sec per worker", f"{results['images_per_sec_per_worker']:.2f}"),
         ("step time", f"{results['step_time_ms']:.1f} ms"),
-        ("final loss", f"{results['final_loss']:.4f}"),
+        (describe_final_loss(results), f"{results['final_loss']:.4f}"),
     ]
     if "train_seconds" in results:
         rows.append(("training time", f"{results['train_seconds']:.1f} s"))
@@ -43,6 +43,16 @@ def summary(results: dict[str, Any]) -> str:
              if k not in ("loss", "images_per_sec", "step_time_ms")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["== tfscale summary =="] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def describe_final_loss(results: dict[str, Any]) -> str:
+    """What the final loss is: the last progress line's, the mean of the last ``--log_every``
+    steps (of every worker's, averaged, under several workers)."""
+    every = results.get("config", {}).get("log_every")
+    steps = f"up to {every} steps" if every else "its steps"
+    workers = results.get("num_workers", 1)
+    over = f", mean of {workers} workers" if workers > 1 else ""
+    return f"final loss (last progress line: {steps}{over})"
 
 
 def describe_hosts(hosts: list[str]) -> str:

@@ -257,6 +257,14 @@ class Trainer:
                    evaluator: Evaluator | None, start_time: float) -> dict[str, Any]:
         cfg = self.config
         meter = cbs.ThroughputMeter(self.global_batch)
+        chief_tensorboard = cfg.tensorboard and self.strategy.is_chief
+        # Every worker averages its window's loss with the others' at each progress line, so
+        # that the lines and the summary's final loss are the mean over the workers.
+        progress = cbs.ProgressLogger(
+            total, cfg.log_every, self.global_batch, steps_per_epoch,
+            average=self.strategy.all_reduce if self.strategy.size > 1 else None,
+            listeners=[cbs.StepSummaries(self.model_dir / "tensorboard" / "steps")]
+            if chief_tensorboard else [])
         # The workers agree to stop (or not) at least at every checkpoint and evaluation step.
         named: dict[str, Any] = {"guard": cbs.TrainingGuard(
             self.strategy, periods=(cfg.checkpoint_every, cfg.eval_every))}
@@ -267,7 +275,8 @@ class Trainer:
                                         start_time, [self._log_evaluation])
             # Throughput is of training: evaluations between steps are not counted.
             evaluation.listeners.append(lambda _: meter.exclude(evaluation.last_duration))
-            if cfg.tensorboard and self.strategy.is_chief:
+            evaluation.listeners.append(lambda _: progress.exclude(evaluation.last_duration))
+            if chief_tensorboard:
                 evaluation.listeners.append(
                     EvaluationSummaries(self.model_dir / "tensorboard" / "evaluation"))
             named["evaluation"] = evaluation
@@ -279,11 +288,11 @@ class Trainer:
                 named["evaluation"].listeners.append(named["target"].check_record)
         named["events"] = cbs.EpochEvents(self.events)
         named["checkpoint"] = cbs.Checkpoint(manager, cfg.checkpoint_every)
-        named["progress"] = cbs.ProgressLogger(total, cfg.log_every, self.global_batch)
+        named["progress"] = progress
         profile = cfg.profile_range
         if profile and self.strategy.is_chief:
             named["profile"] = cbs.ProfileSteps(*profile, str(self.model_dir / "tensorboard"))
-        if cfg.tensorboard and self.strategy.is_chief:
+        if chief_tensorboard:
             named["tensorboard"] = keras.callbacks.TensorBoard(
                 str(self.model_dir / "tensorboard"), write_graph=False)
         if cfg.collective_timeout_s:

@@ -11,6 +11,7 @@ from tfscale.callbacks.metric_average import MetricAverage
 from tfscale.callbacks.profile import ProfileSteps
 from tfscale.callbacks.progress import ProgressLogger
 from tfscale.callbacks.step import optimizer_step
+from tfscale.callbacks.step_summaries import StepSummaries
 from tfscale.callbacks.target import TargetStop
 from tfscale.callbacks.throughput import ThroughputMeter
 from tfscale.callbacks.warmup import LearningRateWarmup
@@ -18,5 +19,5 @@ from tfscale.callbacks.watchdog import StepWatchdog
 
 __all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "DDLGlobalVariablesBroadcast",
            "DDLMetricSync", "EpochEvents", "Evaluation", "LearningRateWarmup", "MetricAverage",
-           "ProfileSteps", "ProgressLogger", "StepWatchdog", "TargetStop", "ThroughputMeter",
-           "TrainingGuard", "check_ddl_order", "optimizer_step"]
+           "ProfileSteps", "ProgressLogger", "StepSummaries", "StepWatchdog", "TargetStop",
+           "ThroughputMeter", "TrainingGuard", "check_ddl_order", "optimizer_step"]
