@@ -186,7 +186,8 @@ def test_package_tools_run_without_runpy_warnings() -> None:
     from tests.conftest import ROOT
 
     tools = sorted(p.stem for p in (ROOT / "input_pipelines" / "tools").glob("[a-z]*.py"))
-    assert len(tools) == 7, tools  # the converters, stats, preview, class_weights, synthetic_h5
+    # the converters, stats, preview, class_weights, synthetic_h5, io_check
+    assert len(tools) == 8, tools
     for tool in tools:
         proc = subprocess.run([sys.executable, "-m", f"input_pipelines.tools.{tool}", "--help"],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
