@@ -51,14 +51,19 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
 from tensorflow.python.distribute import device_util
 
 from tfscale.keras_version import check_keras_version
+
+if TYPE_CHECKING:
+    from tfscale.collectives.hierarchical import HierarchicalAllReduce
+    from tfscale.collectives.placement import ExchangePlan
 
 _originals: dict[str, Any] = {}
 # Datasets marked by per_worker_dataset (held weakly: marking keeps nothing alive).
@@ -87,6 +92,7 @@ def _maybe_symbolic_build(self: keras.Model, iterator: Any = None, data_batch: A
             break
     with strategy.scope():
         self._symbolic_build(data_batch=data_batch)
+    _exchange_through_node(self, strategy)
 
 
 def per_worker_dataset(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -210,9 +216,96 @@ def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
         return pairs
 
     target.__class__ = type(base.__name__, (base,), {
-        "_all_reduce_sum_gradients": _all_reduce_sum_gradients,
+        "_all_reduce_sum_gradients": _all_reduce_sum_gradients, "_tfscale_summing": True,
         "__module__": base.__module__, "__qualname__": base.__qualname__})
     return optimizer
+
+
+def _sums_itself(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether :func:`sum_gradients_with` has already given ``optimizer`` its all-reduce."""
+    return bool(getattr(getattr(optimizer, "inner_optimizer", optimizer), "_tfscale_summing",
+                        False))
+
+
+def set_node_exchange(strategy: tf.distribute.Strategy, reduce: HierarchicalAllReduce | None,
+                      plan: ExchangePlan | None = None) -> None:
+    """Records the node exchange of ``strategy``'s workers, set up by the caller (the
+    ``multiworker`` strategy, from its ``--node_exchange``), so that :func:`node_exchange`
+    does not set up another."""
+    strategy._tfscale_node_exchange = (reduce, plan)
+
+
+def node_exchange(strategy: tf.distribute.Strategy) -> HierarchicalAllReduce | None:
+    """The shared-memory all-reduce of ``strategy``'s workers, as the ``multiworker`` strategy
+    of ``tfscale.train`` sets it up (:func:`tfscale.collectives.exchange.worker_reduction`,
+    mode from :data:`~tfscale.collectives.exchange.MODE_VARIABLE`): every worker on one host,
+    where they all see the same ``/dev/shm``, and one replica each; None otherwise (the
+    strategy's own collectives carry the gradients).
+
+    Set up on the first call for a strategy: a collective then (every worker makes it; the
+    fix makes it when ``fit`` or ``evaluate`` starts). It copies its results.
+
+    Raises:
+        ValueError: for ``TFSCALE_NODE_EXCHANGE=shared_memory`` where it cannot run.
+    """
+    from tfscale.collectives import exchange
+
+    if not hasattr(strategy, "_tfscale_node_exchange"):
+        resolver = strategy.cluster_resolver
+        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+        workers = [str(w) for w in spec.get("worker", [])]
+        others = sorted(set(spec) - {"worker"})
+        replicas = int(strategy.num_replicas_in_sync) // max(1, len(workers))
+        why_not = ""
+        if others:
+            why_not = f"the cluster has {', '.join(others)} tasks besides its workers"
+        elif replicas > 1:
+            why_not = f"each worker has {replicas} replicas"
+        if len(workers) < 2:
+            set_node_exchange(strategy, None)
+        else:
+            set_node_exchange(strategy, *exchange.worker_reduction(
+                int(resolver.task_id), workers, exchange.mode_from_environment(), "gRPC",
+                lambda values: _sum_over_workers(strategy, values), why_not))
+    reduce: HierarchicalAllReduce | None = strategy._tfscale_node_exchange[0]
+    return reduce
+
+
+def _sum_over_workers(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:
+    """The element-wise sum of a float64 vector over the workers (one replica each), through
+    the strategy's own collective."""
+    if not hasattr(strategy, "_tfscale_gather"):
+        # A gather, summed here: the strategy's all_reduce found no destinations outside a
+        # training step ("destinations can not be empty").
+        def gather(x: tf.Tensor) -> tf.Tensor:
+            context = tf.distribute.get_replica_context()
+            return context.all_gather(x[tf.newaxis], axis=0)
+
+        strategy._tfscale_gather = tf.function(
+            lambda t: strategy.run(gather, args=(t,)), autograph=False)
+    out = strategy._tfscale_gather(tf.constant(values, tf.float64))
+    rows = np.asarray(strategy.experimental_local_results(out)[0].numpy())
+    return np.asarray(rows.sum(axis=0))
+
+
+def _exchange_through_node(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Makes ``model``'s optimizer sum its gradients, and the steps average their logged
+    scalars, through the workers' shared-memory exchange where :func:`node_exchange` has one,
+    as ``tfscale.train --strategy=multiworker`` does (once per model; before its step is
+    traced). An optimizer that already has its exchange is left as it is."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or _sums_itself(optimizer):
+        return
+    reduce = node_exchange(strategy)
+    if reduce is None:
+        return
+    from tfscale.collectives.exchange import transient
+
+    # Transient: the optimizer applies the summed gradients within the step.
+    sum_gradients_with(optimizer, transient(reduce).sum)
+    if id(strategy) not in _log_means:
+        # A copying mean: the logs outlive the step.
+        average_logs_with(strategy, reduce)
 
 
 def is_enabled() -> bool:

@@ -253,12 +253,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
     op = hvd.Average if op is None else op
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError(f"op={op!r}: DistributedOptimizer supports Average and Sum")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    shared = _shared_reduction(hvd, op, compression, process_set)
+    if shared is not None:
+        return with_gradient_reduction(optimizer, shared, backward_passes_per_step,
+                                       average_aggregated_gradients, gradient_lag)
     kwargs: dict[str, Any] = {"compression": compression or hvd.Compression.none}
     if process_set is not None:
         kwargs["process_set"] = process_set
     if gradient_predivide_factor != 1.0:
-        if op != hvd.Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
         kwargs.update(op=hvd.Sum, prescale_factor=1.0 / gradient_predivide_factor,
                       postscale_factor=gradient_predivide_factor / _set_size(hvd, process_set))
     else:
@@ -277,6 +281,29 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
 
     return with_gradient_reduction(optimizer, reduce, backward_passes_per_step,
                                    average_aggregated_gradients, gradient_lag)
+
+
+def _shared_reduction(hvd: Any, op: Any, compression: Any, process_set: Any) -> Reduce | None:
+    """The gradients' reduction through the job's node exchange, as ``tfscale.train``'s
+    ``horovod`` strategy sets it up (:func:`tfscale.collectives.horovod.node_reduction`: shared
+    memory inside each node where every rank of it sees the same ``/dev/shm``), or None where
+    Horovod's ``grouped_allreduce`` carries them: another process set than the whole job's, a
+    compression other than none or fp16, or no node exchange. A collective when the process
+    set is the whole job's (every rank wraps its optimizer)."""
+    from tfscale.collectives import exchange
+    from tfscale.collectives.horovod import node_reduction
+
+    fp16 = compression is hvd.Compression.fp16
+    whole_job = process_set is None or process_set is hvd.global_process_set
+    if not whole_job or not (fp16 or compression in (None, hvd.Compression.none)):
+        return None
+    reduce = node_reduction()
+    if reduce is None:
+        return None
+    # Transient: the optimizer applies the reduced gradients within the step. A predivide
+    # factor only moves where Horovod divides; the mean is the same.
+    reduce = exchange.transient(reduce, fp16, "tfscale.horovod")
+    return reduce if op == hvd.Average else reduce.sum
 
 
 def _set_size(hvd: Any, process_set: Any) -> int:

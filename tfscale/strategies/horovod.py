@@ -17,7 +17,6 @@ Horovod is imported lazily so that the other strategies work without it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -26,17 +25,16 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from tfscale import cluster_env
-from tfscale.collectives.hierarchical import (
-    DYNAMIC_SETS_HINT,
-    HierarchicalAllReduce,
-    Topology,
-    horovod_transport,
-    node_exchange,
-    start_horovod,
+from tfscale.collectives.exchange import (
+    CPU_CYCLE_TIME_MS,
+    SHARED_MEMORY_CYCLE_TIME_MS,
+    horovod_reduction,
+    one_node_shared_memory,
+    transient,
 )
+from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
 from tfscale.collectives.horovod import HorovodCollectives, check_installed
 from tfscale.collectives.optimizer import DistributedOptimizer, with_gradient_reduction
-from tfscale.collectives.placement import ExchangePlan, plan_exchange, use_shared_memory
 from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
 
 if TYPE_CHECKING:
@@ -63,25 +61,6 @@ def gpu_for_local_rank(local_rank: int, num_gpus: int) -> int | None:
             "start one process per GPU (tasks per node = GPUs per node)"
         )
     return local_rank
-
-
-# Horovod's background thread wakes every cycle (1 ms by default, tuned for GPU steps) and
-# coordinates with the other ranks each time, even with nothing to send. A CPU worker computes
-# on the same cores, so the wake-ups slow its steps: two idle ranks here each used 6% of a core
-# at 1 ms, 2-7% at 5 ms, 1.2% at 20 ms and 0.9% at 50 ms. 5 ms made ResNet-50's 2-second steps
-# 9% faster than 1 ms (bench/RESULTS.md, "Defaults"); longer cycles delay every collective
-# that Horovod carries during training.
-CPU_CYCLE_TIME_MS = 5.0
-# When every rank is on one node and exchanges through shared memory, Horovod carries no
-# collective during training (gradients and host values take the segment), only start-up
-# broadcasts, so its cycle can be long: the README command (ResNet-50) ran at 9.51, 9.66 and
-# 9.84 images/s with 5, 20 and 50 ms (3 alternating rounds).
-SHARED_MEMORY_CYCLE_TIME_MS = 50.0
-
-
-def _dynamic_process_sets() -> bool:
-    """Whether Horovod runs with dynamic process sets (a hierarchical exchange needs them)."""
-    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
 
 
 def _has_gpu() -> bool:
@@ -167,57 +146,28 @@ class HorovodStrategy(Strategy):
             # The exchange may be hierarchical (shared memory inside each node, Horovod across):
             # its process sets are registered once the nodes are known.
             start_horovod()
-        self.comm = HorovodCollectives()
+        # Its host values take the strategy's own exchange (all_reduce), not the users' one.
+        self.comm = HorovodCollectives(node_exchange=False)
         self._check_size()
         pin_gpu(self.local_rank)
         self.reduce = self.gradient_reduction()
         self._check_long_cycle()
 
     def gradient_reduction(self) -> HierarchicalAllReduce | None:
-        """The gradients' all-reduce when it is not Horovod's ``grouped_allreduce``: the node
-        phases in shared memory where :func:`placement.plan_exchange` takes it (on one node,
-        wholly there; on several, hierarchically with Horovod across nodes). A collective
-        (every rank must call it).
+        """The gradients' all-reduce when it is not Horovod's ``grouped_allreduce``
+        (:func:`tfscale.collectives.exchange.horovod_reduction`, which users' scripts share),
+        set up for this run's ``--fp16_allreduce``. A collective (every rank must call it).
 
         Raises:
             ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
         """
-        hvd, mode = self.comm.hvd, self.node_exchange_mode()
-        nodes, local = int(hvd.cross_size()), int(hvd.local_size())
-        flat = [range(n * local, (n + 1) * local) for n in range(nodes)]
-        if self.size == 1:
-            self.exchange_plan = ExchangePlan(False, "", "")
+        reduce, self.exchange_plan = horovod_reduction(
+            self.comm.hvd, self.rank, self.size, self.node_exchange_mode(),
+            self.config.collective_timeout_s)
+        if reduce is None:
             return None
-        if nodes == 1:
-            node, self.exchange_plan = node_exchange(
-                hvd, Topology.regular(self.size, self.size, self.rank), mode,
-                self.config.collective_timeout_s)
-            if node is None:
-                return None
-            # Transient: the optimizer applies the reduced gradients within the step.
-            return HierarchicalAllReduce.on_one_node(node, self.config.fp16_allreduce,
-                                                     "tfscale.horovod", transient=True,
-                                                     plan=self.exchange_plan)
-        if mode == "shared_memory" and local > 1 and not _dynamic_process_sets():
-            raise ValueError(f"--node_exchange=shared_memory across {nodes} nodes: "
-                             f"{DYNAMIC_SETS_HINT}")
-        if mode == "collectives" or local == 1 or not _dynamic_process_sets():
-            self.exchange_plan = plan_exchange("collectives", flat, [], horovod_transport(hvd))
-            return None
-        try:
-            reduce = HierarchicalAllReduce.create(
-                compression=self.config.fp16_allreduce, node_exchange_mode=mode,
-                timeout_s=self.config.collective_timeout_s)
-        except ValueError:
-            if mode == "shared_memory":
-                raise
-            # Nodes of unequal size: no hierarchy; every rank raised alike.
-            self.exchange_plan = plan_exchange("collectives", flat, [], horovod_transport(hvd))
-            return None
-        self.exchange_plan = reduce.plan
-        if reduce.node is None:
-            return None
-        return dataclasses.replace(reduce, name="tfscale.horovod", transient=True)
+        # Transient: the optimizer applies the reduced gradients within the step.
+        return transient(reduce, self.config.fp16_allreduce, "tfscale.horovod")
 
     def _several_nodes(self) -> bool:
         """Whether, by the launcher's variables, the ranks of this job span several nodes."""
@@ -240,14 +190,10 @@ class HorovodStrategy(Strategy):
         """Whether, by the launcher's variables, every rank runs on this node (no
         ``--ddl_local_size`` groups) and ``--node_exchange`` will take shared memory: then
         Horovod carries only start-up collectives."""
-        env = cluster_env.this_process()
         groups = self.config.ddl_local_size
-        if env.size < 2 or env.local_size != env.size or 0 < groups < env.size:
+        if 0 < groups < cluster_env.this_process().size:
             return False
-        try:
-            return use_shared_memory(self.node_exchange_mode(), env.local_size)
-        except ValueError:  # an explicit mode that cannot run: gradient_reduction says why
-            return False
+        return one_node_shared_memory(self.node_exchange_mode())
 
     def node_exchange_mode(self) -> str:
         """``--node_exchange``, where ``auto`` keeps Horovod's transport when Horovod's timeline

@@ -36,13 +36,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tfscale import cluster_env
-from tfscale.collectives.hierarchical import (
-    HierarchicalAllReduce,
-    Topology,
-    new_token,
-    node_exchange_for,
-)
-from tfscale.collectives.placement import gather_strings, plan_exchange, shm_domain
+from tfscale.collectives.exchange import transient, worker_reduction
+from tfscale.collectives.hierarchical import HierarchicalAllReduce
 from tfscale.keras_version import check_keras_version
 from tfscale.strategies.base import Launcher
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
@@ -138,52 +133,33 @@ class MultiWorkerStrategy(TFDistributeStrategy):
                 communication_options=options)
         self._patches.enter_context(keras_fix.enabled())
         self.reduce = self._shared_memory_reduce(workers)
+        # The fix's own exchange for users' scripts then follows --node_exchange's choice.
+        keras_fix.set_node_exchange(self.tf_strategy, self.reduce, self.exchange_plan)
         if self.replicas_in_process == 1:
             # Each step's logs stay the worker's own; MetricAverage averages the epoch's.
             keras_fix.keep_logs_local(self.tf_strategy)
 
     def _shared_memory_reduce(self, workers: list[str]) -> HierarchicalAllReduce | None:
-        """The gradients' all-reduce through shared memory where :func:`plan_exchange` takes
-        it (every worker on one node, one replica each, and no --xla=jit compiling the whole
-        step; on CPUs it compiles the model's passes only), else None. A collective (every
-        worker decides alike from the same flags, TF_CONFIG and devices).
+        """The gradients' all-reduce through shared memory where
+        :func:`tfscale.collectives.exchange.worker_reduction` (which users' scripts share)
+        takes it: every worker on one node, one replica each, and no --xla=jit compiling the
+        whole step (on CPUs it compiles the model's passes only); else None. A collective.
 
         Raises:
             ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
         """
-        mode = self.config.node_exchange
-        hosts = [worker.rsplit(":", 1)[0] for worker in workers]
-        nodes = [[r for r, h in enumerate(hosts) if h == host] for host in dict.fromkeys(hosts)]
-        transport = f"gRPC ({self.config.collective} collectives)"
-        explicit = mode == "shared_memory"
         why_not = ""
         if self.jit_compiles == "step":
             why_not = ("XLA compiles the whole training step there, and the shared-memory "
                        "exchange runs on the host outside XLA; use --xla=auto")
-        elif len(nodes) > 1:
-            why_not = (f"--strategy=multiworker exchanges through shared memory only with all "
-                       f"workers on one node, and they run on {len(nodes)} hosts "
-                       f"({', '.join(dict.fromkeys(hosts))}); --strategy=ddl uses it inside "
-                       "each node")
         elif self.replicas_in_process > 1:
             why_not = f"each worker has {self.replicas_in_process} replicas"
-        if mode == "collectives" or why_not:
-            if explicit:
-                raise ValueError(f"--node_exchange=shared_memory: {why_not}; use "
-                                 "--node_exchange=collectives")
-            self.exchange_plan = plan_exchange("collectives", nodes, [], transport)
-            return None
-        domains = gather_strings(shm_domain(), self._rank, self._size,
-                                 lambda values: self.all_reduce(values, "sum"))
-        # Rank 0's token names the segment; every worker takes part in its broadcast.
-        token = int(self.broadcast([float(new_token())], root=0)[0])
-        self.exchange_plan = plan_exchange(mode, nodes, domains, transport)
-        node = node_exchange_for(token, Topology.regular(self._size, self._size, self._rank),
-                                 self.exchange_plan, self.config.collective_timeout_s)
-        if node is None:
-            return None
-        return HierarchicalAllReduce.on_one_node(node, name="tfscale.multiworker",
-                                                 transient=True, plan=self.exchange_plan)
+        reduce, self.exchange_plan = worker_reduction(
+            self._rank, workers, self.config.node_exchange,
+            f"gRPC ({self.config.collective} collectives)",
+            lambda values: self.all_reduce(values, "sum"), why_not,
+            self.config.collective_timeout_s)
+        return None if reduce is None else transient(reduce)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         if self.reduce is None:
