@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -31,6 +32,7 @@ from typing import Any
 from absl import app, flags
 
 from tfscale import sweep_report
+from tfscale.durations import clock
 from tfscale.errors import parse_flags
 
 _GRID = flags.DEFINE_multi_string(
@@ -127,22 +129,58 @@ def run_point(point: Point, base: Sequence[str], out: Path, timeout_s: int) -> d
                        error=(errors or lines or [f"exit code {code}"])[-1][:300])
             return row
     results = json.loads(results_path.read_text())
-    row.update(status="ok", **{k: results[k] for k in sweep_report.RESULT_COLUMNS if k in results})
+    row.update(status="ok", **{k: results[k] for k in (*sweep_report.DESCRIPTION,
+                                                      *sweep_report.RESULT_COLUMNS)
+                               if k in results})
     return row
+
+
+def describe_device() -> str:
+    """The device the points run on, for the plots' titles: the GPUs ``nvidia-smi`` lists
+    (``GPU: 2 x NVIDIA H100 80GB HBM3``), else the CPU's model and cores."""
+    from tfscale.precision import cpu_info
+
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.TimeoutExpired):
+        listed = []
+    gpus = [name.strip() for name in listed if name.strip()]
+    if gpus:
+        return "GPU: " + ", ".join(f"{gpus.count(n)} x {n}" for n in dict.fromkeys(gpus))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"CPU: {cpu_info()[0]}, {cores} cores"
 
 
 def sweep(points: Sequence[Point], base: Sequence[str], out: Path,
           timeout_s: int = 3600) -> list[dict[str, Any]]:
-    """Runs every point in order, rewriting the table and plots after each."""
+    """Runs every point in order, printing a line as each starts and ends, and rewriting the
+    table and plots after each; prints the table of all points at the end."""
     out.mkdir(parents=True, exist_ok=True)
+    device = describe_device()
+    axes = [k for k, _ in points[0].values] if points else []
     rows: list[dict[str, Any]] = []
+    start = time.monotonic()
     for i, point in enumerate(points, start=1):
-        print(f"[sweep] {i}/{len(points)} {point.name}", flush=True)
-        rows.append(run_point(point, base, out, timeout_s))
-        print(f"[sweep]   {rows[-1]['status']}: "
-              f"{rows[-1].get('images_per_sec', rows[-1].get('error', ''))}", flush=True)
-        sweep_report.write(rows, [k for k, _ in point.values], out)
+        shown = " ".join(f"{k}={v}" for k, v in point.values) or "base flags"
+        print(f"[sweep] {i}/{len(points)} {shown}: started ({clock(time.monotonic() - start)} "
+              "into the sweep)", flush=True)
+        rows.append({**run_point(point, base, out, timeout_s), "device": device})
+        sweep_report.write(rows, axes, out)
+        print(f"[sweep] {i}/{len(points)} {shown}: {outcome(rows[-1])}", flush=True)
+    print(sweep_report.brief(rows, axes), flush=True)
     return rows
+
+
+def outcome(row: dict[str, Any]) -> str:
+    """How one point ended, in a few words."""
+    took = f" in {row['wall_s']:.0f} s" if "wall_s" in row else " (finished before)"
+    if row["status"] != "ok":
+        return f"failed{took}, exit code {row.get('exit_code')}: {row.get('error', '')}"
+    efficiency = (f", weak-scaling efficiency {row['scaling_efficiency']:.2f}"
+                  if "scaling_efficiency" in row else "")
+    return (f"ok{took}: {row['images_per_sec']:.2f} images/s on {row['num_workers']} "
+            f"worker(s), step {row['step_time_ms']:.0f} ms{efficiency}")
 
 
 def dry_run(points: Sequence[Point], base: Sequence[str], out: Path) -> int:
