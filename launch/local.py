@@ -12,11 +12,19 @@ The supervisor prefixes each worker's lines with its rank, forwards SIGTERM/SIGI
 all workers (so they checkpoint and exit), and when one worker fails it stops the others and
 returns that worker's exit code. Workers die with the launcher even if it is SIGKILLed
 (``PR_SET_PDEATHSIG``), so no process is left behind.
+
+With ``--max_restarts N`` (:func:`supervise_restarts`, as torchrun's) a failed group is stopped
+and started again, whole, up to N times, each attempt with a fresh rendezvous (new ports) and
+``TFSCALE_RESTART`` set to the attempt's number (0 first). A worker that exits 0 (done), 2 (bad
+usage: it would fail the same way again) or 75 (preempted: it checkpointed because it was
+asked to stop), and a launcher that was itself signalled, end the job instead.
+``tfscale-run`` (:mod:`tfscale.run`) starts users' scripts through the same functions.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import signal
@@ -28,7 +36,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from tfscale.cluster_env import RESTART_VAR, STRATEGY_VAR
 from tfscale.config import TrainConfig
+from tfscale.errors import EXIT_PREEMPTED, EXIT_USAGE
 from tfscale.flags import argv_from_config
 from tfscale.strategies import STRATEGIES, Launcher
 
@@ -87,10 +97,56 @@ def horovod_envs(hosts: Sequence[tuple[str, int]]) -> tuple[list[dict[str, str]]
     return envs, server
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: SIGKILL it when the launcher dies, however it dies.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def group_envs(launcher: Launcher, hosts: Sequence[tuple[str, int]],
+               ) -> tuple[list[dict[str, str]], Callable[[], None] | None]:
+    """Fresh per-worker variables for a group of ``launcher`` ranks on ``hosts`` (new ports, a
+    new rendezvous), and what to call when the group has ended.
+
+    Raises:
+        ValueError: for a strategy whose ranks are not started as processes.
+    """
+    n = sum(slots for _, slots in hosts)
+    if launcher == Launcher.TF_CONFIG:
+        return tf_config_envs(n), None
+    if launcher == Launcher.HOROVOD:
+        envs, server = horovod_envs(hosts)
+        return envs, server.stop
+    raise ValueError("a one-process strategy has no workers to start")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a group of workers ended.
+
+    Attributes:
+        code: 0 when every worker succeeded, else the first failed worker's exit code (128 + N
+            for a worker killed by signal N).
+        rank: the first worker that failed (None when none did).
+        how: what happened to it, e.g. "was killed by SIGKILL" or "exited with code 4".
+        signalled: the launcher itself received SIGTERM, SIGINT or SIGUSR1 (and forwarded it).
+    """
+
+    code: int
+    rank: int | None = None
+    how: str = ""
+    signalled: bool = False
+
+    @property
+    def restartable(self) -> bool:
+        """Whether starting the group again can help (see the module docstring)."""
+        return (not self.signalled and self.code != 0
+                and self.code not in (EXIT_USAGE, EXIT_PREEMPTED))
+
+
+def _start_child(cores: Sequence[int] | None) -> Callable[[], None]:
+    def prepare() -> None:
+        # Runs in the child before exec: SIGKILL it when the launcher dies, however it dies.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+
+    return prepare
 
 
 def _pump(rank: int, stream: IO[str], out: IO[str]) -> None:
@@ -109,11 +165,50 @@ def supervise(
         0 if every worker succeeded, else the exit code of the first worker that failed
         (128 + signal number for a worker killed by a signal).
     """
+    return run_group(command, envs, out, on_exit).code
+
+
+def supervise_restarts(
+    command: Sequence[str],
+    start: Callable[[], tuple[list[dict[str, str]], Callable[[], None] | None]],
+    max_restarts: int, out: IO[str] | None = None,
+    cores: Sequence[Sequence[int]] | None = None,
+) -> int:
+    """Runs groups of ``command`` until one ends without a restartable failure, at most
+    ``1 + max_restarts`` of them; ``start()`` gives each attempt its fresh per-worker variables
+    and cleanup (:func:`group_envs`), and every worker gets ``TFSCALE_RESTART=<attempt>``.
+
+    Returns:
+        The exit code of the last attempt (see :func:`supervise`).
+    """
+    out = out or sys.stdout
+    attempt = 0
+    while True:
+        envs, on_exit = start()
+        outcome = run_group(command, [{**env, RESTART_VAR: str(attempt)} for env in envs], out,
+                            on_exit, cores)
+        if attempt == max_restarts or not outcome.restartable:
+            return outcome.code
+        attempt += 1
+        out.write(f"[launcher] worker {outcome.rank} {outcome.how}; restart {attempt} of "
+                  f"{max_restarts}\n")
+        out.flush()
+
+
+def run_group(
+    command: Sequence[str], envs: Sequence[dict[str, str]], out: IO[str] | None = None,
+    on_exit: Callable[[], None] | None = None, cores: Sequence[Sequence[int]] | None = None,
+) -> Outcome:
+    """Runs ``command`` once per env (rank = position) until all succeed or one fails, then
+    stops the rest. ``cores[rank]``, when given, are the cores worker ``rank`` is bound to."""
     out = out or sys.stdout
     procs: list[subprocess.Popen[str]] = []
     pumps: list[threading.Thread] = []
+    signalled = False
 
     def forward(signum: int, frame: Any) -> None:
+        nonlocal signalled
+        signalled = True
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signum)
@@ -128,12 +223,12 @@ def supervise(
                    **extra}
             p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                 preexec_fn=_die_with_parent)
+                                 preexec_fn=_start_child(cores[rank] if cores else None))
             procs.append(p)
             assert p.stdout is not None
             pumps.append(threading.Thread(target=_pump, args=(rank, p.stdout, out), daemon=True))
             pumps[-1].start()
-        code = _wait(procs, out)
+        outcome = _wait(procs, out)
     finally:
         _stop(procs)
         for t in pumps:
@@ -142,28 +237,28 @@ def supervise(
             signal.signal(s, h)
         if on_exit:
             on_exit()
-    return code
+    return dataclasses.replace(outcome, signalled=signalled)
 
 
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _wait(procs: Sequence[subprocess.Popen[str]], out: IO[str]) -> int:
+def _wait(procs: Sequence[subprocess.Popen[str]], out: IO[str]) -> Outcome:
     while True:
         codes = [p.poll() for p in procs]
         failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             rank, code = failed[0]
             running = [r for r, c in enumerate(codes) if c is None]
+            how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+                   else f"exited with code {code}")
             if running:
-                how = (f"was killed by {signal.Signals(-code).name}" if code < 0
-                       else f"exited with code {code}")
                 out.write(f"[launcher] worker {rank} {how}; stopping workers {running}\n")
                 out.flush()
-            return _exit_code(code)
+            return Outcome(_exit_code(code), rank, how)
         if all(c == 0 for c in codes):
-            return 0
+            return Outcome(0)
         time.sleep(0.2)
 
 
@@ -182,13 +277,20 @@ def _stop(procs: Sequence[subprocess.Popen[str]]) -> None:
 
 def launch_workers(config: TrainConfig) -> int:
     """Starts ``config.num_processes`` workers of ``python -m tfscale.train`` for the config's
-    strategy and waits for them (see the module docstring)."""
-    n = config.num_processes
+    strategy and waits for them, restarting the group up to ``config.max_restarts`` times (see
+    the module docstring); a restarted run resumes from its last checkpoint.
+
+    Raises:
+        ValueError: for a one-process strategy.
+    """
     strategy = STRATEGIES.get(config.strategy)
+    if not strategy.multi_process():
+        raise ValueError(f"--strategy={config.strategy} cannot be launched with --num_processes")
     command = [sys.executable, "-m", "tfscale.train", *argv_from_config(config)]
-    if strategy.launcher == Launcher.TF_CONFIG:
-        return supervise(command, tf_config_envs(n))
-    if strategy.launcher == Launcher.HOROVOD:
-        envs, server = horovod_envs(node_layout(n, strategy.ranks_per_node(config)))
-        return supervise(command, envs, on_exit=server.stop)
-    raise ValueError(f"--strategy={config.strategy} cannot be launched with --num_processes")
+    hosts = node_layout(config.num_processes, strategy.ranks_per_node(config))
+
+    def start() -> tuple[list[dict[str, str]], Callable[[], None] | None]:
+        envs, on_exit = group_envs(strategy.launcher, hosts)
+        return [{**env, STRATEGY_VAR: config.strategy} for env in envs], on_exit
+
+    return supervise_restarts(command, start, config.max_restarts)

@@ -36,9 +36,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tfscale", "models", "input_pipelines", "launch")
 # The entry points that assemble a run from the registries; the rest of the core stays below.
-# tfscale.predict reads images as the pipelines do (their file types and first bytes).
+# tfscale.predict reads images as the pipelines do (their file types and first bytes);
+# tfscale.run (tfscale-run) starts users' scripts with launch.local's supervision.
 ASSEMBLERS = {"tfscale.train", "tfscale.trainer", "tfscale.plugins", "tfscale.sweep",
-              "tfscale.predict"}
+              "tfscale.predict", "tfscale.run"}
 ABOVE_CORE = ("models", "input_pipelines", "launch")
 # The collectives layer is the bottom: strategies, callbacks and users' scripts sit on it.
 ABOVE_COLLECTIVES = ("tfscale.strategies", "tfscale.callbacks", "tfscale.trainer",

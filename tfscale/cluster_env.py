@@ -29,6 +29,11 @@ from typing import Any
 
 LAUNCHERS = ("horovodrun", "jsrun", "openmpi", "slurm", "pmi", "tf_config", "tfscale", "none")
 DEFAULT_PORT = 12345
+#: Set by ``tfscale-run`` on every rank: the strategy the launcher chose (``--strategy``).
+STRATEGY_VAR = "TFSCALE_STRATEGY"
+#: Set by tfscale's launchers on every rank: which attempt of the job this is (0 = the first;
+#: ``--max_restarts`` counts the restarts after a failure).
+RESTART_VAR = "TFSCALE_RESTART"
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
@@ -384,6 +389,16 @@ def this_process(environ: Mapping[str, str] = os.environ) -> ClusterEnv:
     if "TF_CONFIG" in environ:
         return _from_tf_config(environ["TF_CONFIG"], environ)
     return detect(environ)
+
+
+def restart_count(environ: Mapping[str, str] = os.environ) -> int:
+    """How many times tfscale's launcher has restarted this job after a failure (0 when it
+    did not start this process).
+
+    Raises:
+        ValueError: when ``TFSCALE_RESTART`` is not a count.
+    """
+    return _int(environ, RESTART_VAR, default=0)
 
 
 def launched(environ: Mapping[str, str] = os.environ) -> bool:

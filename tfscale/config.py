@@ -38,6 +38,7 @@ class TrainConfig:
     dataset: str = "synthetic"
     strategy: str = DEFAULT_STRATEGY
     num_processes: int = 1
+    max_restarts: int = 0
     # Data and shapes. ``batch_size`` is per replica; the global batch is derived.
     batch_size: int = 32
     steps: int = 100
@@ -221,8 +222,12 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every", "cpu_replicas",
                  "ddl_local_size", "intra_op_threads", "inter_op_threads", "prefetch",
                  "shuffle_buffer", "weight_decay", "momentum", "collective_timeout_s",
-                 "label_smoothing", "lars_eta", "eval_every", "sync_bn_group"):
+                 "label_smoothing", "lars_eta", "eval_every", "sync_bn_group", "max_restarts"):
         _at_least(cfg, name, 0)
+    if cfg.max_restarts and cfg.num_processes == 1:
+        raise ValueError(f"--max_restarts={cfg.max_restarts} restarts the workers that "
+                         "--num_processes starts; with --num_processes=1 nothing supervises this "
+                         "process (rerun it, or give --num_processes > 1)")
     if not cfg.learning_rate > 0:
         raise ValueError(f"--learning_rate={cfg.learning_rate} is not valid; expected > 0")
     if cfg.steps == 0 and cfg.dataset == "synthetic":

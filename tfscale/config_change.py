@@ -28,7 +28,7 @@ RESULTS = "results.json"  # runs from before config.json kept their config only 
 # many workers it runs (resuming on another world size and strategy is supported), and compute
 # settings that leave what is trained alone.
 MAY_CHANGE = frozenset({
-    "num_processes", "strategy", "cpu_replicas", "ddl_local_size", "node_exchange",
+    "num_processes", "max_restarts", "strategy", "cpu_replicas", "ddl_local_size", "node_exchange",
     "collective_timeout_s", "steps", "epochs", "validation_steps", "eval_every", "eval_only",
     "target_metric", "prefetch", "cache", "stage_dir", "skip_corrupt", "intra_op_threads",
     "inter_op_threads", "cpu_binding", "xla", "tf32", "cudnn_autotune", "recompute",

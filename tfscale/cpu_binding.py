@@ -25,6 +25,13 @@ def local_layout(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
     return env.local_rank, env.local_size
 
 
+def binds_by_default(local_workers: int) -> bool:
+    """Whether ``local_workers`` workers started together on this machine are bound when
+    nobody said: yes when there are several and a core for each. Unbound, each worker sizes
+    its thread pools for all the cores and they oversubscribe them (bench/RESULTS.md)."""
+    return 1 < local_workers <= len(os.sched_getaffinity(0))
+
+
 def cores_for(local_rank: int, local_size: int, available: list[int]) -> list[int]:
     """The contiguous block of ``available`` cores that belongs to ``local_rank``.
 

@@ -8,13 +8,13 @@ point reads ``FLAGS``; it calls :func:`config_from_flags`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any, cast
 
 from absl import flags
 
 from tfscale import config as cfg_mod
+from tfscale import cpu_binding
 from tfscale.config import TrainConfig
 
 HELP: dict[str, str] = {
@@ -25,6 +25,9 @@ HELP: dict[str, str] = {
     "strategy": "Distribution strategy (see --list).",
     "num_processes": "Launch N local workers and wait for them; 1 runs in this process. Under "
     "horovodrun/mpirun/srun it must match the job's size.",
+    "max_restarts": "With --num_processes > 1: when a worker fails, stop all of them and start "
+    "the group again (resuming from the last checkpoint) up to N times. A worker that exits 2 "
+    "(bad usage) or 75 (preempted), or a signalled launcher, ends the job instead.",
     "batch_size": "Batch size per replica (per micro-batch with --grad_accum_steps); the global "
     "batch is batch_size x replicas x grad_accum_steps.",
     "steps": "Total optimizer steps (0 = epochs x one pass over a finite dataset). Not given: "
@@ -223,12 +226,8 @@ def config_from_flags(values: flags.FlagValues,
         # Files are finite: a run on them without --steps is --epochs passes over them, not
         # --steps' default of 100 steps cut into epochs of a fraction of the data.
         kwargs["steps"] = 0
-    workers = kwargs["num_processes"]
-    if (1 < workers <= len(os.sched_getaffinity(0))
-            and not values["cpu_binding"].present):
-        # Local workers share this machine's cores: unbound, each sizes its thread pools for
-        # all of them and they oversubscribe the cores (measured in bench/RESULTS.md).
-        kwargs["cpu_binding"] = True
+    if not values["cpu_binding"].present:
+        kwargs["cpu_binding"] = cpu_binding.binds_by_default(kwargs["num_processes"])
     return TrainConfig(**kwargs)
 
 

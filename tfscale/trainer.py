@@ -32,6 +32,7 @@ import models
 from input_pipelines.core import inference as input_inference
 from tfscale import callbacks as cbs
 from tfscale import (
+    cluster_env,
     config_change,
     cpu_binding,
     model_dir_lock,
@@ -338,7 +339,7 @@ class Trainer:
                          strategy=cfg.strategy, num_workers=strategy.size,
                          global_batch_size=self.global_batch, first_step=start,
                          total_steps=total, evaluation=evaluator is not None,
-                         target_metric=cfg.target_metric)
+                         target_metric=cfg.target_metric, restart=cluster_env.restart_count())
         named = self._callbacks(manager, total, steps_per_epoch, evaluator, start_time)
         status = "failed"
         try:
@@ -415,6 +416,8 @@ class Trainer:
             "step_time_ms": meter.step_time_ms, "final_loss": final_loss,
             "metrics": {k: float(v) for k, v in logs.items()}, "config": cfg.to_dict(),
             "train_seconds": train_seconds,
+            # Restarts of the job by --max_restarts before this attempt finished it.
+            "restarts": cluster_env.restart_count(),
             "evaluations": named["evaluation"].records if "evaluation" in named else [],
         }
         if self.target is not None:

@@ -16,6 +16,9 @@ from tfscale.strategies.registry import (
     unread_flags,
 )
 
+#: What several workers started without a ``--strategy`` use (``tfscale-run --nproc N``).
+MULTI_PROCESS_DEFAULT = "horovod"
+
 register(DEFAULT_STRATEGY, DefaultStrategy, "one process, one device")
 register("mirrored", MirroredStrategy,
          "tf.distribute.MirroredStrategy: one process, a replica per GPU (or --cpu_replicas)")
@@ -26,6 +29,6 @@ register("horovod", HorovodStrategy,
 register(DDL_STRATEGY, DDLStrategy,
          "IBM DDL's model on Horovod: hierarchical all-reduce over nodes, DDL callbacks")
 
-__all__ = ["DDL_STRATEGY", "DEFAULT_STRATEGY", "STRATEGIES", "Launcher", "SingleProcessStrategy",
-           "Strategy", "check_config", "create", "load_plugins", "register", "running",
-           "strategies_that", "unread_flags"]
+__all__ = ["DDL_STRATEGY", "DEFAULT_STRATEGY", "MULTI_PROCESS_DEFAULT", "STRATEGIES", "Launcher",
+           "SingleProcessStrategy", "Strategy", "check_config", "create", "load_plugins",
+           "register", "running", "strategies_that", "unread_flags"]
