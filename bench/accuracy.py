@@ -148,17 +148,34 @@ def verdicts(rows: dict[str, dict[str, Any]], target: float) -> list[str]:
     return lines
 
 
-def plot(runs: list[dict[str, Any]], target: float, path: Path) -> None:
+def plot(runs: list[dict[str, Any]], target: float, path: Path, cpu: str) -> None:
+    """Writes :func:`figure` to the PNG file ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, target, cpu)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(runs: list[dict[str, Any]], target: float, cpu: str) -> Any:
     """Validation accuracy against seconds and epochs, one line per run name (mean of its
-    seeds at each epoch)."""
+    seeds at each epoch). Each run has its own colour, marker and marker phase, so that lines
+    on top of each other stay visible; epochs are whole numbers; the legend sits below the
+    axes; the title names the model, data and CPU."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    names = list(dict.fromkeys(r["name"] for r in runs))
+    legend_rows = -(-len(names) // 3)
+    height = 5.0 + 0.17 * legend_rows  # inches: the axes, and the legend's rows below them
+    fig, axes = plt.subplots(1, 2, figsize=(12, height), sharey=True)
     colors = [plt.get_cmap("tab20")(i) for i in range(20)]  # one colour per run, past ten too
-    for number, name in enumerate(dict.fromkeys(r["name"] for r in runs)):
+    markers = "osD^vP*Xph<>"
+    for number, name in enumerate(names):
         mine = [r["history"] for r in runs if r["name"] == name]
         epochs = min(len(h) for h in mine)
         curve = {key: [mean([h[i][key] for h in mine]) for i in range(epochs)]
@@ -166,19 +183,23 @@ def plot(runs: list[dict[str, Any]], target: float, path: Path) -> None:
         style = "--" if name == "keras" else ":" if "LARS" in name else "-"
         batch = next(r["global_batch"] for r in runs if r["name"] == name)
         for ax, key in zip(axes, ("seconds", "epoch"), strict=True):
-            ax.plot(curve[key], curve["val_accuracy"], style, marker=".", markersize=3,
-                    color=colors[number % len(colors)], label=f"{name} (batch {batch})")
+            ax.plot(curve[key], curve["val_accuracy"], style, color=colors[number % len(colors)],
+                    marker=markers[number % len(markers)], markersize=4, markerfacecolor="none",
+                    markevery=(number % 4, 4), label=f"{name} (batch {batch})")
     for ax, label in zip(axes, ("wall-clock seconds of training", "epoch"), strict=True):
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_ylabel("validation accuracy (whole split, mean over seeds)")
     axes[0].set_ylim(0, 1.01)
-    axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle("resnet50_tiny on 32x32 digits: validation accuracy per strategy")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(f"resnet50_tiny on scikit-learn digits (32x32 PNGs): validation accuracy per "
+                 f"strategy, mean over seeds\nCPU: {cpu.split(' (')[0]}, dotted line: "
+                 f"target {target:g}", fontsize=11)
+    fig.tight_layout(rect=(0, (0.17 * legend_rows + 0.1) / height, 1, 1))
+    return fig
 
 
 def report(result: dict[str, Any]) -> str:
@@ -237,7 +258,7 @@ def main() -> None:
     by_name = {n: summarize(n, [r for r in runs if r["name"] == n], args.target) for n in names}
     result.update(rows=list(by_name.values()), verdicts=verdicts(by_name, args.target))
     save("accuracy", result)
-    plot(runs, args.target, PLOT)
+    plot(runs, args.target, PLOT, result["cpu"])
     print(report(result))
 
 

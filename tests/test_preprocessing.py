@@ -233,11 +233,17 @@ def test_preview_writes_a_png_grid_of_training_and_evaluation_images(tmp_path, c
     assert str(out) in capsys.readouterr().out
     grid = tf.io.decode_png(out.read_bytes()).numpy()
     tile = 64  # 16 px enlarged 4x
-    section = preview.BAND + 2 * tile + 3 * preview.GAP
+    section = preview.BAND + 2 * (tile + preview.LABEL) + 3 * preview.GAP
     assert grid.shape == (2 * section, 3 * tile + 4 * preview.GAP, 3)
     # The first evaluation tile; --deterministic fixes the order (the parallel decode may
     # reorder the images on a loaded machine otherwise).
     top = section + preview.BAND + preview.GAP
     first = grid[top:top + tile:4, preview.GAP:preview.GAP + tile:4]
     np.testing.assert_array_equal(first, images["validation/c0/v"])
+    # Under it, its class: the strip holds the label "0: c0" as preview.tile_label draws it.
+    strip = grid[top + tile:top + tile + preview.LABEL, preview.GAP:preview.GAP + tile]
+    np.testing.assert_array_equal(strip, preview.tile_label("0: c0", tile))
+    assert (strip > 200).any() and not np.array_equal(strip, preview.tile_label("1: c1", tile))
+    assert preview.class_labels(np.array([1, 0, 7]), ["cat", "dog"]) == ["1: dog", "0: cat", "7"]
+    assert preview.class_labels(np.array([2]), ["0", "1", "2"]) == ["2"]
     assert preview.main(["preview", "--dataset=synthetic_segmentation", f"--out={out}"]) == 2

@@ -8,8 +8,10 @@ with the same flags (every training flag works: ``--augment``, ``--horizontal_fl
 ``--eval_crop_fraction``, ``--normalization``, ``--input_channels``, ...), takes
 ``rows x columns`` images of each, undoes the normalization for display, and writes one PNG: a
 section marked TRAIN (augmented training images; a small dataset repeats, so the same image
-appears in several epochs' variants) above a section marked EVAL. Prints the resolved
-preprocessing (on stderr, as training does) and the path written.
+appears in several epochs' variants) above a section marked EVAL. Each tile is labelled with its
+class: the index and, where the data records them (the converter's manifest, the class folders),
+the name. Prints the resolved preprocessing (on stderr, as training does) and the path
+written.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ GLYPHS = {
     "L": ("#....", "#....", "#....", "#....", "#....", "#....", "#####"),
 }
 BAND = 7 * SCALE + 2 * 3  # height of a section's label band
+LABEL = 12  # height of the strip under each tile with its class
 
 
 def label_band(text: str, width: int) -> np.ndarray:
@@ -67,27 +70,53 @@ def to_pixels(images: np.ndarray, preprocessing: Preprocessing) -> np.ndarray:
     return np.repeat(pixels, 3, axis=-1) if pixels.shape[-1] == 1 else pixels
 
 
-def tile_grid(pixels: np.ndarray, rows: int, columns: int) -> np.ndarray:
+def tile_label(text: str, width: int) -> np.ndarray:
+    """A ``LABEL x width`` RGB strip with ``text`` in white, cut to fit (Pillow's default
+    font)."""
+    from PIL import Image, ImageDraw
+
+    strip = Image.new("RGB", (width, LABEL), (BACKGROUND // 2,) * 3)
+    draw = ImageDraw.Draw(strip)
+    while len(text) > 1 and draw.textlength(text) > width - 2:
+        text = text[:-1]
+    draw.text((1, 0), text, fill=(255, 255, 255))
+    return np.asarray(strip)
+
+
+def class_labels(labels: np.ndarray, classes: Sequence[str] | None) -> list[str]:
+    """Each tile's label: ``"3: cat"`` with the class names, ``"3"`` without (or when the
+    name is the index)."""
+    named = [(k, classes[k] if classes and 0 <= k < len(classes) else str(k))
+             for k in (int(v) for v in labels)]
+    return [name if name == str(k) else f"{k}: {name}" for k, name in named]
+
+
+def tile_grid(pixels: np.ndarray, rows: int, columns: int,
+              labels: Sequence[str] = ()) -> np.ndarray:
     """``rows x columns`` uint8 images ``[N, S, S, 3]`` as one image, enlarged to at least
-    :data:`MIN_TILE` a side, :data:`GAP` pixels apart."""
+    :data:`MIN_TILE` a side, :data:`GAP` pixels apart, each with its label in a strip of
+    :data:`LABEL` pixels below it."""
     zoom = max(1, -(-MIN_TILE // pixels.shape[1]))
     tile = pixels.shape[1] * zoom
-    grid = np.full((rows * tile + (rows + 1) * GAP, columns * tile + (columns + 1) * GAP, 3),
-                   BACKGROUND, np.uint8)
+    pitch = tile + LABEL + GAP
+    grid = np.full((rows * pitch + GAP, columns * (tile + GAP) + GAP, 3), BACKGROUND, np.uint8)
     for k, image in enumerate(pixels[:rows * columns]):
-        top = GAP + (k // columns) * (tile + GAP)
+        top = GAP + (k // columns) * pitch
         left = GAP + (k % columns) * (tile + GAP)
         grid[top:top + tile, left:left + tile] = image.repeat(zoom, 0).repeat(zoom, 1)
+        if k < len(labels):
+            grid[top + tile:top + tile + LABEL, left:left + tile] = tile_label(labels[k], tile)
     return grid
 
 
-def images_of(config: TrainConfig, split: str, count: int) -> np.ndarray:
-    """The first ``count`` images of ``split`` from the pipeline training would build."""
+def images_of(config: TrainConfig, split: str, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``count`` images of ``split`` from the pipeline training would build, and
+    their labels."""
     from input_pipelines import PIPELINES, Shard
 
     batches = PIPELINES.get(config.dataset)(config, Shard(), split, count)
-    images, _ = next(iter(batches.dataset.take(1)))
-    return images.numpy()
+    images, labels = next(iter(batches.dataset.take(1)))
+    return images.numpy(), labels.numpy()
 
 
 def preview(config: TrainConfig, out: str, rows: int, columns: int) -> Preprocessing:
@@ -108,19 +137,23 @@ def preview(config: TrainConfig, out: str, rows: int, columns: int) -> Preproces
                          f"{config.input_channels}: the preview shows classification images "
                          "of 1 or 3 channels")
     from input_pipelines.core.image_preprocessing import announce
+    from input_pipelines.core.inference import for_run
 
     preprocessing = preprocessing_for(config)
     announce(preprocessing)
+    inference = for_run(config)
+    classes = inference.classes if inference is not None else None
     sections = []
     for split, label in (("train", "TRAIN"), ("validation", "EVAL")):
         try:
-            pixels = to_pixels(images_of(config, split, rows * columns), preprocessing)
+            images, labels = images_of(config, split, rows * columns)
         except DataError as err:
             if split == "train":
                 raise
             print(f"note: no evaluation images shown: {err}", file=sys.stderr)
             continue
-        grid = tile_grid(pixels, rows, columns)
+        grid = tile_grid(to_pixels(images, preprocessing), rows, columns,
+                         class_labels(labels, classes))
         sections += [label_band(label, grid.shape[1]), grid]
     tf.io.write_file(out, tf.io.encode_png(np.concatenate(sections)))
     return preprocessing
@@ -146,7 +179,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {values.out}: TRAIN (augmented training images) above EVAL, "
-          f"{values.rows} x {values.columns} each")
+          f"{values.rows} x {values.columns} each, labelled with their class")
     return 0
 
 
