@@ -163,3 +163,12 @@ def test_bad_usage_is_one_line_and_exit_2(argv: list[str], message: str, tmp_pat
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tfscale-run: error: ") and message in err
+
+
+def test_nocpu_binding_leaves_the_workers_unbound(tmp_path: Path) -> None:
+    proc = tfscale_run(tmp_path, "--nproc=2", "--strategy=multiworker", "--nocpu_binding",
+                       "PROBE")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for report in seen(proc.stdout).values():
+        assert report["cores"] == sorted(os.sched_getaffinity(0))
+        assert report["TF_NUM_INTRAOP_THREADS"] == os.environ.get("TF_NUM_INTRAOP_THREADS")

@@ -21,7 +21,7 @@ Options come before the script; everything after it is the script's own argument
 - the CPU defaults of ``tfscale.train --num_processes``: with several workers and a core for
   each (or ``--cpu_binding``), worker r is bound to its own block of cores and
   ``TF_NUM_INTRAOP_THREADS`` is that block's size, which TensorFlow reads when it starts (a
-  value already in the caller's environment wins).
+  value already in the caller's environment wins; ``--nocpu_binding`` leaves them unbound).
 
 The launcher prefixes each worker's lines with ``[rank]``, forwards SIGTERM, SIGINT and
 SIGUSR1 to all workers, and when one fails, stops the others; with ``--max_restarts=N`` it then
@@ -91,9 +91,12 @@ def _parser() -> argparse.ArgumentParser:
                         f"{', '.join(STRATEGIES.names())}")
     parser.add_argument("--max_restarts", type=int, default=0,
                         help="when a worker fails, restart all of them up to N times")
-    parser.add_argument("--cpu_binding", action=argparse.BooleanOptionalAction, default=None,
+    # Spelt as tfscale.train's absl flags are (--nocpu_binding).
+    parser.add_argument("--cpu_binding", action="store_const", const=True, default=None,
                         help="bind each worker to its own cores and size its threads to them "
                         "(default: on when there are several workers and a core for each)")
+    parser.add_argument("--nocpu_binding", dest="cpu_binding", action="store_const",
+                        const=False, help="leave the workers unbound")
     parser.add_argument("--port", type=int, default=cluster_env.DEFAULT_PORT,
                         help="under a cluster launcher: first port of the TF_CONFIG workers on "
                         "each node")
