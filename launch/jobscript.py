@@ -25,11 +25,27 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from launch.jobs import GENERATORS, JobRequest, Knobs, ddlrun_request, render, request
-from launch.jobs.ddl import BACKENDS
-from launch.jobs.spec import NCCL_DEBUG_LEVELS, parse_hosts, read_hostfile
+from tfscale import command
+
+# Before launch.jobs imports models (through tfscale.plugins): python -m puts the user's
+# directory, which may have its own models/ package, first on sys.path.
+command.own_top_level_packages()
+
+from launch.jobs import (  # noqa: E402
+    GENERATORS,
+    JobRequest,
+    Knobs,
+    ddlrun_request,
+    render,
+    request,
+)
+from launch.jobs.ddl import BACKENDS  # noqa: E402
+from launch.jobs.spec import NCCL_DEBUG_LEVELS, parse_hosts, read_hostfile  # noqa: E402
+
+PROGRAM = "python -m launch.jobscript"
 
 # Request fields set from options of the same name (None = not given: the launcher's default).
 _FIELDS = ("nodes", "gpus_per_node", "gpus_per_rank", "ranks_per_node", "node_gpus",
@@ -74,11 +90,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--tf_log_level", type=int, default=2, help="TF_CPP_MIN_LOG_LEVEL (default 2)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: one sub-command per launcher, plus ``ddlrun``."""
+def build_parser(prog: str = PROGRAM) -> argparse.ArgumentParser:
+    """The command line: one sub-command per launcher, plus ``ddlrun``; ``prog`` is the
+    command's name in its help (``tfscale-jobscript`` when installed)."""
+    doc = __doc__.replace(PROGRAM, prog)
     parser = argparse.ArgumentParser(
-        prog="python -m launch.jobscript", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1])
     subs = parser.add_subparsers(dest="launcher", required=True, metavar="LAUNCHER")
     for entry in GENERATORS:
         sub = subs.add_parser(entry.name, help=entry.description)
@@ -126,12 +144,12 @@ def make_request(args: argparse.Namespace, train_args: tuple[str, ...],
     return request(args.launcher, train_args=train_args, **fields)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    args = build_parser().parse_args(argv[:cut])
+    args = build_parser(prog).parse_args(argv[:cut])
     train_args = tuple(argv[cut + 1:])
-    comment = "Written by: python -m launch.jobscript " + shlex.join(argv)
+    comment = f"Written by: {prog} " + shlex.join(argv)
     try:
         req = make_request(args, train_args, comment)
         text = render(req)
@@ -153,6 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def script() -> int:
+    """The installed ``tfscale-jobscript`` command: ``main`` under the script's name."""
+    return main(prog=Path(sys.argv[0]).name)
 
 
 if __name__ == "__main__":

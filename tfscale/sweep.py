@@ -31,7 +31,7 @@ from typing import Any
 
 from absl import app, flags
 
-from tfscale import sweep_report
+from tfscale import command, sweep_report
 from tfscale.durations import clock
 from tfscale.errors import parse_flags
 
@@ -210,7 +210,9 @@ def main(argv: list[str]) -> int:
 
 
 def entry() -> None:
-    """The ``tfscale-sweep`` command."""
+    """The ``tfscale-sweep`` command (and ``python -m tfscale.sweep``)."""
+    command.own_top_level_packages()
+    command.absl_help("tfscale.sweep", __doc__ or "", __name__)
     app.run(main, flags_parser=parse_flags)
 
 

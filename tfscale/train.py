@@ -25,6 +25,12 @@ from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
+from tfscale import command  # noqa: E402
+
+# Before plugins imports models: python -m puts the user's directory, which may have its
+# own models/ or launch/ package, first on sys.path.
+command.own_top_level_packages()
+
 from tfscale import cluster_env, config_change, plugins, rank_zero  # noqa: E402
 from tfscale.errors import (  # noqa: E402
     EXIT_PEER_LOST,
@@ -85,10 +91,7 @@ def main(argv: list[str]) -> int:
 
 def entry() -> None:
     define_flags()
-    # --help lists the key flags of the program absl was started as (python -m tfscale.train
-    # or the tfscale-train script); the flags are defined in tfscale.flags.
-    for flag in FLAGS.get_key_flags_for_module(define_flags.__module__):
-        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    command.absl_help("tfscale.train", __doc__ or "", define_flags.__module__)
     app.run(main, flags_parser=parse_flags)
 
 

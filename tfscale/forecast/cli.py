@@ -19,7 +19,9 @@ from typing import Any
 
 from absl import app, flags
 
+from tfscale import command
 from tfscale.config import PRECISIONS
+from tfscale.errors import parse_flags
 from tfscale.files import write_json_atomic
 from tfscale.forecast import accuracy, machines
 from tfscale.forecast.model import ALGORITHMS
@@ -203,8 +205,6 @@ def main(argv: list[str]) -> int:
 
 
 def entry() -> None:
-    """The ``tfscale-forecast`` command."""
-    # --help lists the flags above for whichever program absl was started as.
-    for flag in flags.FLAGS.get_key_flags_for_module(__name__):
-        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main)
+    """The ``tfscale-forecast`` command (and ``python -m tfscale.forecast``)."""
+    command.absl_help("tfscale.forecast", __doc__ or "", __name__)
+    app.run(main, flags_parser=parse_flags)
