@@ -8,6 +8,7 @@
 # run inside an XLA-compiled function (tfscale keeps the all-reduce outside jit_compile).
 #
 # Usage: launch/build_horovod.sh PYTHON     (PYTHON = the venv's interpreter)
+#        tfscale-build-horovod [PYTHON]     (installed with tfscale; PYTHON defaults to its own)
 # Env:   TFSCALE_WHEEL_CACHE  where built wheels are kept (default ~/.cache/tfscale/wheels)
 #        TFSCALE_WITH_MPI=1|0 force MPI support on/off (default: on when mpicxx is found)
 set -euo pipefail
@@ -24,7 +25,15 @@ if [ "$with_mpi" = 1 ] && ! command -v mpicxx >/dev/null 2>&1; then
        "module load the site's MPI)" >&2
   exit 1
 fi
-tf_version=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "[build_horovod] PYTHON=$PY is not an interpreter; give the environment's python" >&2
+  exit 2
+fi
+tf_version=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) || {
+  echo "[build_horovod] $PY cannot import tensorflow; install TensorFlow into that" \
+       "environment first (BUILD.md)" >&2
+  exit 2
+}
 py_tag=$("$PY" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 mpi_tag=$([ "$with_mpi" = 1 ] && echo mpi || echo gloo)
 key="horovod-${HVD_VERSION}_tf-${tf_version}_${py_tag}_${mpi_tag}"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: .venv with the pinned stack, the dev tools, and Horovod built from source.
+# Idempotent set-up: .venv with the pinned stack, the dev tools, Horovod built from source, and
+# tfscale itself installed editable (an activated .venv runs tfscale from any directory).
 # Safe to run again: each step is skipped when its result is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,21 @@ want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing requirements (TensorFlow is ~250 MB, first time only)"
   .venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel cmake
-  .venv/bin/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+  # Not --quiet: pip's download lines and progress bars show where the minutes go.
+  .venv/bin/python -m pip install -r requirements.txt -r requirements-dev.txt
   echo "$want" > "$stamp"
 fi
 launch/build_horovod.sh "$PWD/.venv/bin/python"
+# tfscale itself, editable: its packages and commands (tfscale-train, ...) from this checkout.
+# Again when pyproject.toml changes (new commands) or .venv imports tfscale from elsewhere.
+project_stamp=.venv/.project.sha
+project_want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+here=$(pwd -P)
+imported_from=$(cd / && "$here/.venv/bin/python" -c \
+  'import os, tfscale; print(os.path.dirname(os.path.dirname(os.path.realpath(tfscale.__file__))))' \
+  2>/dev/null || true)
+if [ "$(cat "$project_stamp" 2>/dev/null)" != "$project_want" ] || [ "$imported_from" != "$here" ]; then
+  echo "[setup] installing tfscale into .venv (pip install --editable .)"
+  .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation --editable .
+  echo "$project_want" > "$project_stamp"
+fi
