@@ -238,3 +238,11 @@ def test_launched_means_started_by_something_else() -> None:
     one_rank = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}
     assert not cluster_env.launched(one_rank)
     assert cluster_env.launched({**one_rank, "OMPI_COMM_WORLD_SIZE": "2"})
+
+
+def test_restart_count_from_tfscale_then_slurm() -> None:
+    assert cluster_env.restart_count({}) == 0
+    assert cluster_env.restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
+    assert cluster_env.restart_count({"TFSCALE_RESTART": "1", "SLURM_RESTART_COUNT": "2"}) == 1
+    with pytest.raises(ValueError, match="TFSCALE_RESTART='x' is not an integer"):
+        cluster_env.restart_count({"TFSCALE_RESTART": "x"})

@@ -122,7 +122,8 @@ def test_signal_is_forwarded_and_not_restarted(tmp_path: Path) -> None:
 
 def test_under_a_cluster_launcher_it_sets_variables_and_starts_nothing(tmp_path: Path) -> None:
     slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-             "SLURM_JOB_NODELIST": "a,b", "SLURM_TASKS_PER_NODE": "2(x2)"}
+             "SLURM_JOB_NODELIST": "a,b", "SLURM_TASKS_PER_NODE": "2(x2)",
+             "SLURM_RESTART_COUNT": "2"}
     proc = subprocess.Popen([sys.executable, "-m", "tfscale.run", "--strategy=multiworker",
                              "--port=23456", str(PROBE), "x"], cwd=tmp_path,
                             env={**os.environ, **ENV, **slurm}, stdout=subprocess.PIPE,
@@ -135,7 +136,8 @@ def test_under_a_cluster_launcher_it_sets_variables_and_starts_nothing(tmp_path:
     report = json.loads(out.split("seen ", 1)[1])
     assert report["pid"] == proc.pid, "the script did not replace tfscale-run (exec)"
     assert "[launcher]" not in out and not out.startswith("[")
-    assert report["TFSCALE_STRATEGY"] == "multiworker" and report["TFSCALE_RESTART"] == "0"
+    # A requeued Slurm job is a restart too.
+    assert report["TFSCALE_STRATEGY"] == "multiworker" and report["TFSCALE_RESTART"] == "2"
     assert report["TFSCALE_LOCAL_RANK"] is None and report["HOROVOD_RANK"] is None
     assert json.loads(report["TF_CONFIG"]) == {
         "cluster": {"worker": ["a:23456", "a:23457", "b:23456", "b:23457"]},

@@ -392,13 +392,13 @@ def this_process(environ: Mapping[str, str] = os.environ) -> ClusterEnv:
 
 
 def restart_count(environ: Mapping[str, str] = os.environ) -> int:
-    """How many times tfscale's launcher has restarted this job after a failure (0 when it
-    did not start this process).
+    """How many times this job was started again: by tfscale's launcher after a failure
+    (``TFSCALE_RESTART``), else by Slurm after a requeue (``SLURM_RESTART_COUNT``); else 0.
 
     Raises:
-        ValueError: when ``TFSCALE_RESTART`` is not a count.
+        ValueError: when the variable is not a count.
     """
-    return _int(environ, RESTART_VAR, default=0)
+    return _int(environ, RESTART_VAR, "SLURM_RESTART_COUNT", default=0)
 
 
 def launched(environ: Mapping[str, str] = os.environ) -> bool:

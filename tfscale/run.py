@@ -30,9 +30,9 @@ starts the whole group again, fresh rendezvous included, up to N times (not afte
 
 **Under a cluster launcher** (``srun``, ``mpirun``, ``jsrun``, ``horovodrun``: this process is
 one rank of a job, :func:`tfscale.cluster_env.launched`) it starts nothing: it sets
-``TFSCALE_STRATEGY``, ``TFSCALE_RESTART`` (0 unless set) and, for a TF_CONFIG strategy without
-a ``TF_CONFIG``, the one built from the launcher's variables (``--port``), then replaces
-itself with the script (``exec``). Restarts there are the cluster's business (e.g. Slurm's
+``TFSCALE_STRATEGY``, ``TFSCALE_RESTART`` (Slurm's ``SLURM_RESTART_COUNT`` after a requeue,
+else 0) and, for a TF_CONFIG strategy without a ``TF_CONFIG``, the one built from the
+launcher's variables (``--port``), then replaces itself with the script (``exec``). Restarts there are the cluster's business (e.g. Slurm's
 ``--requeue``).
 
 **Exit codes**
@@ -221,7 +221,7 @@ def _exec_in_place(name: str, cls: type[Strategy], command: list[str],
     if max_restarts:
         print(f"tfscale-run: warning: --max_restarts={max_restarts} is ignored under "
               f"{env.launcher}: restart the job there (e.g. Slurm's --requeue)", file=sys.stderr)
-    extra = {STRATEGY_VAR: name, RESTART_VAR: environ.get(RESTART_VAR, "0")}
+    extra = {STRATEGY_VAR: name, RESTART_VAR: str(cluster_env.restart_count(environ))}
     if cls.launcher == Launcher.TF_CONFIG and "TF_CONFIG" not in environ:
         try:
             spec = cluster_env.tf_config(cluster_env.detect(environ), port)

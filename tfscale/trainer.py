@@ -416,7 +416,8 @@ class Trainer:
             "step_time_ms": meter.step_time_ms, "final_loss": final_loss,
             "metrics": {k: float(v) for k, v in logs.items()}, "config": cfg.to_dict(),
             "train_seconds": train_seconds,
-            # Restarts of the job by --max_restarts before this attempt finished it.
+            # Times the job was started again (--max_restarts, a Slurm requeue) before
+            # this attempt finished it.
             "restarts": cluster_env.restart_count(),
             "evaluations": named["evaluation"].records if "evaluation" in named else [],
         }
