@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import math
+import mmap
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from input_pipelines.core import page_cache
 from input_pipelines.tools import folder_to_lmdb, folder_to_tfrecord, io_check
 from tests.pipeline_data import config, write_image_folder
 
@@ -49,6 +52,26 @@ def test_each_format_gives_finite_figures_and_the_slowest_stage_is_the_limit(
         found = io_check.verdict(store, pipe, FAST_MODEL, workers=1, image_size=16)
         assert found.limit in ("storage", "pipeline"), dataset
         assert found.rates[found.limit] == min(found.rates.values()) and found.advice
+
+
+def _filesystem(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (the longest mount point above it)."""
+    mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    path_text = str(path.resolve())
+    return max((m for m in mounts if path_text.startswith(m[0])), key=lambda m: len(m[0]))[1]
+
+
+def test_drop_cache_reports_what_stayed_cached(tmp_path: Path) -> None:
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(4 * page_cache.CHUNK + 123))
+    assert page_cache.read_bandwidth([str(path)], readers=3) > 0
+    assert page_cache.cached_bytes(str(path)) == path.stat().st_size  # just read: all cached
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        sum(mapped[i] for i in range(0, len(mapped), mmap.PAGESIZE))  # map every page
+        assert page_cache.drop_cache([str(path)]) == 1.0  # mapped pages stay
+    dropped = page_cache.drop_cache([str(path)])
+    if _filesystem(tmp_path) not in ("tmpfs", "overlay"):  # which keep files in memory
+        assert dropped is not None and dropped <= io_check.DROPPED
 
 
 STORE = {"bytes": 100e6, "cold_mb_s": 10.0, "cold_more_readers_mb_s": 30.0, "warm_mb_s": 1000.0,
