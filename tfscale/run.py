@@ -32,8 +32,8 @@ starts the whole group again, fresh rendezvous included, up to N times (not afte
 one rank of a job, :func:`tfscale.cluster_env.launched`) it starts nothing: it sets
 ``TFSCALE_STRATEGY``, ``TFSCALE_RESTART`` (Slurm's ``SLURM_RESTART_COUNT`` after a requeue,
 else 0) and, for a TF_CONFIG strategy without a ``TF_CONFIG``, the one built from the
-launcher's variables (``--port``), then replaces itself with the script (``exec``). Restarts there are the cluster's business (e.g. Slurm's
-``--requeue``).
+launcher's variables (``--port``), then replaces itself with the script (``exec``). Restarts
+there are the cluster's business (e.g. Slurm's ``--requeue``).
 
 **Exit codes**
 
