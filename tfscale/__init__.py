@@ -5,3 +5,15 @@ your own ``model.fit``), ``python -m tfscale.sweep`` (flag sweeps).
 """
 
 __version__ = "0.1.0"
+
+# Your own script's entry points (tfscale.prepare), loaded on first use: importing tfscale
+# stays free of TensorFlow for the command-line tools.
+_PREPARE = ("Prepared", "prepare", "setup", "shard_arrays", "shard_dataset")
+
+
+def __getattr__(name: str) -> object:
+    if name in _PREPARE:
+        from tfscale import _prepare as module
+
+        return getattr(module, name)
+    raise AttributeError(f"module 'tfscale' has no attribute {name!r}")

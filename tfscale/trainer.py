@@ -18,14 +18,12 @@ import contextlib
 import dataclasses
 import math
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 import input_pipelines
 import models
@@ -34,13 +32,12 @@ from tfscale import callbacks as cbs
 from tfscale import (
     cluster_env,
     config_change,
-    cpu_binding,
     model_dir_lock,
-    precision,
     rank_zero,
     results,
     targets,
 )
+from tfscale._prepare import prepare
 from tfscale.checkpointing import CheckpointManager
 from tfscale.collectives.optimizer import lag_slots
 from tfscale.config import TrainConfig
@@ -51,13 +48,9 @@ from tfscale.export import EXPORT, export_inference, plain_copy
 from tfscale.files import write_json_atomic
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
-from tfscale.optimizers import accumulate_gradients, build_optimizer
-from tfscale.recompute import recompute_blocks
+from tfscale.optimizers import build_optimizer
+from tfscale.runtime import configure_runtime, resolve_precision
 from tfscale.strategies import Strategy, create, running
-from tfscale.sync_bn import synchronize_under_strategy
-
-POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16",
-            "mixed_bfloat16": "mixed_bfloat16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,25 +83,6 @@ def plan_segments(start: int, total: int, steps_per_epoch: int) -> list[Segment]
             segments.append(Segment(epoch, epoch + 1, length, step))
         step += length
     return segments
-
-
-def configure_runtime(config: TrainConfig) -> None:
-    """Process-wide TF/Keras settings; must run before TensorFlow executes any op."""
-    threads = cpu_binding.plan(config.cpu_binding, config.intra_op_threads,
-                               config.inter_op_threads)
-    # Every worker says where it runs: a wrong binding shows only as a slow run.
-    print(threads.describe(), file=sys.stderr, flush=True)
-    if threads.intra:
-        tf.config.threading.set_intra_op_parallelism_threads(threads.intra)
-    if threads.inter:
-        tf.config.threading.set_inter_op_parallelism_threads(threads.inter)
-    tf.config.optimizer.set_jit("autoclustering" if config.xla == "auto" else False)
-    tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
-    # Read by TF's convolution kernels when they first run, so setting it here is in time.
-    os.environ["TF_CUDNN_USE_AUTOTUNE"] = "1" if config.cudnn_autotune else "0"
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    keras.mixed_precision.set_global_policy(POLICIES[config.precision])
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
@@ -154,18 +128,6 @@ def claim_model_dir(config: TrainConfig, strategy: Strategy) -> Iterator[None]:
     finally:
         if lock is not None:
             model_dir_lock.release(lock)
-
-
-def resolve_precision(config: TrainConfig) -> TrainConfig:
-    """``config`` with ``--precision=auto`` replaced by what this machine computes natively
-    (:mod:`tfscale.precision`); warns once when an explicit mixed precision is emulated."""
-    hardware = precision.detect()
-    chosen, warning = precision.resolve(config.precision, hardware)
-    if warning:
-        rank_zero.log(f"warning: {warning}")
-    if chosen != config.precision:
-        rank_zero.log(f"--precision=auto: {chosen} on this {hardware.describe()}")
-    return config.replace(precision=chosen)
 
 
 class Trainer:
@@ -232,26 +194,22 @@ class Trainer:
         return total, math.ceil(total / cfg.epochs)
 
     def _build(self, total_steps: int) -> keras.Model:
+        """The compiled model of the run, its features applied by :func:`tfscale.prepare`
+        (the one path for the CLI and users' scripts, which owns their order)."""
         cfg = self.config
         keras.utils.set_random_seed(cfg.seed)
         with self.strategy.scope():
             model = models.MODELS.get(cfg.model)(cfg)
             optimizer = build_optimizer(cfg, self.strategy.num_replicas, total_steps)
-            if cfg.precision == "mixed_float16":
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            optimizer = self.strategy.wrap_optimizer(optimizer)
-            model.compile(optimizer=optimizer, loss=build_loss(cfg, self.task),
+        prepared = prepare(
+            model, optimizer, grad_accum_steps=cfg.grad_accum_steps, sync_bn=cfg.sync_bn,
+            sync_bn_group=cfg.sync_bn_group, gradient_lag=cfg.gradient_lag,
+            recompute=models.block_rule(cfg.model) if cfg.recompute else None,
+            precision=cfg.precision, strategy=self.strategy)
+        with self.strategy.scope():
+            model.compile(optimizer=prepared.optimizer, loss=build_loss(cfg, self.task),
                           metrics=build_metrics(cfg, self.task),
                           jit_compile=self.strategy.jit_compiles == "step")
-            optimizer.build(model.trainable_variables)
-            accumulate_gradients(model, cfg.grad_accum_steps)
-            if cfg.recompute:
-                blocks = recompute_blocks(model, models.block_rule(cfg.model))
-                rank_zero.log(f"--recompute: {len(blocks)} blocks keep only their inputs and "
-                              "recompute their activations in the backward pass")
-            if cfg.sync_bn:
-                synchronize_under_strategy(model, self.strategy, cfg)
-        self.strategy.prepare_model(model)
         return model
 
     def _callbacks(self, manager: CheckpointManager, total: int, steps_per_epoch: int,

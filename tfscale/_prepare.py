@@ -1,0 +1,333 @@
+"""``tfscale.prepare()``: what ``tfscale.train`` does to a model and optimizer, for your script.
+
+A user's own Keras script gets tfscale's features and the strategy its launcher chose with
+one call after building the model and optimizer, before ``compile``::
+
+    import tfscale
+
+    tfscale.setup(precision="auto")        # optional; first, before building the model
+    model = build_model()                  # any built Keras model
+    model, optimizer, callbacks = tfscale.prepare(model, keras.optimizers.SGD(0.1),
+                                                  grad_accum_steps=4, sync_bn=True)
+    model.compile(optimizer=optimizer, loss=..., metrics=[...])
+    model.fit(tfscale.shard_dataset(dataset), callbacks=callbacks, ...)
+
+and runs on 2 local workers with ``tfscale-run --nproc=2 --strategy=horovod script.py``.
+``tfscale.train`` builds its models through the same call (``Trainer._build``), so the features
+are applied in one order, owned here:
+
+1. the precision policy (set by :func:`setup`, checked against the model's);
+2. a ``LossScaleOptimizer`` under ``mixed_float16``;
+3. the strategy's gradient exchange (``strategy.wrap_optimizer``, gradient lag included);
+4. ``optimizer.build`` (the optimizer's variables, in the strategy's scope);
+5. gradient accumulation, 6. recomputation, 7. synchronized batch norm;
+8. the strategy's last changes to the model (``strategy.prepare_model``: XLA of the passes).
+
+``compile`` may come after all of them (it replaces none of their changes) or, for a script
+that compiled already, before: ``prepare(model)`` then takes the compiled model's optimizer.
+
+The strategy comes from how the script was started (:mod:`tfscale.strategies.environment`).
+:func:`setup` starts it once per process, with the runtime settings ``tfscale.train`` applies
+(precision policy, CPU threads and binding, determinism); ``prepare`` calls it when the script
+did not. Under ``multiworker`` the script must call it before building the model: TensorFlow
+configures its collectives at start-up, and the model's variables must be created in the
+strategy's scope (``setup`` enters it for the rest of the process).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfscale import rank_zero
+from tfscale.config import TrainConfig
+from tfscale.runtime import POLICIES, configure_runtime, resolve_precision
+from tfscale.strategies import Strategy, create
+from tfscale.strategies.environment import launched_strategy
+
+if TYPE_CHECKING:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfscale.recompute import BlockRule
+
+@dataclasses.dataclass
+class _Session:
+    """The process's strategy, set up by :func:`setup`, and what tears it down."""
+
+    config: TrainConfig
+    strategy: Strategy
+    stack: contextlib.ExitStack
+
+
+_session: _Session | None = None
+
+
+def setup(strategy: str | None = None, *, precision: str = "fp32", **options: Any) -> Strategy:
+    """Starts this process's strategy and runtime settings, once; call it before building the
+    model (required under ``multiworker``, and for a precision other than fp32).
+
+    Args:
+        strategy: a registered strategy name; default: the one the launcher chose.
+        precision: ``fp32``, ``mixed_float16``, ``mixed_bfloat16`` or ``auto`` (what this
+            machine computes natively); sets Keras's global dtype policy.
+        **options: other ``tfscale.train`` settings by their flag names, e.g. ``seed``,
+            ``deterministic``, ``xla``, ``cpu_binding``, ``node_exchange``,
+            ``collective_timeout_s``, ``cycle_time_ms``.
+
+    Returns:
+        The set-up strategy (``rank``, ``size``, ``is_chief``, ``shard()`` ...). It stays set up
+        until the process exits; its scope is entered for the rest of the process.
+
+    Raises:
+        ValueError: for an unknown option or strategy, a value ``tfscale.train`` would refuse,
+            or a second call with other settings.
+    """
+    global _session
+    config = resolve_precision(_config(
+        "tfscale.setup", strategy=strategy or launched_strategy(), precision=precision,
+        **options))
+    if _session is not None:
+        if _session.config != config:
+            raise ValueError("tfscale.setup: already set up with other settings (strategy="
+                             f"{_session.config.strategy!r}, precision="
+                             f"{_session.config.precision!r}); call it once, first")
+        return _session.strategy
+    configure_runtime(config)
+    stack = contextlib.ExitStack()
+    created = create(config)
+    try:
+        created.setup()
+    except RuntimeError as err:
+        if "at program startup" not in str(err):
+            raise
+        raise ValueError(f"tfscale.setup: --strategy={config.strategy} must start before "
+                         "TensorFlow runs anything: call tfscale.setup() first in the script, "
+                         "before building the model") from None
+    stack.callback(created.teardown)
+    rank_zero.set_rank(created.rank)
+    stack.enter_context(created.scope())
+    _session = _Session(config, created, stack)
+    atexit.register(_close)
+    return created
+
+
+def _close() -> None:
+    global _session
+    if _session is not None:
+        session, _session = _session, None
+        session.stack.close()
+
+
+def _config(caller: str, **fields: Any) -> TrainConfig:
+    """A TrainConfig of ``fields`` (its own validation: the strategy's flags included).
+
+    Raises:
+        ValueError: one line, naming ``caller`` and the option.
+    """
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ValueError(f"{caller}: unknown option {unknown[0]!r}; options are "
+                         f"tfscale.train's flag names: {', '.join(sorted(names))}")
+    try:
+        return TrainConfig(**fields)
+    except ValueError as err:
+        raise ValueError(f"{caller}: {err}") from None
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What :func:`prepare` returns; unpacks as ``model, optimizer, callbacks``.
+
+    Attributes:
+        model: the prepared model (the same object).
+        optimizer: the optimizer to compile with (wrapped for the strategy).
+        strategy: the strategy in use.
+        resumed_step: the optimizer step restored from ``checkpoint_dir`` (0: fresh start);
+            pass ``initial_epoch=resumed_step // steps_per_epoch`` to ``fit``.
+    """
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    strategy: Strategy
+    resumed_step: int = 0
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+
+    @property
+    def callbacks(self) -> list[keras.callbacks.Callback]:
+        """New callbacks for ``fit``: the strategy's (broadcast of the initial state, metric
+        averaging), the :class:`~tfscale.callbacks.TrainingGuard` (all workers stop together on
+        a NaN loss or SIGTERM), and chief-only checkpoints into ``checkpoint_dir`` if given."""
+        from tfscale import callbacks as cbs
+        from tfscale.checkpointing import CheckpointManager
+
+        out = [*self.strategy.callbacks(),
+               cbs.TrainingGuard(self.strategy, periods=(self.checkpoint_every,))]
+        if self.checkpoint_dir:
+            manager = CheckpointManager(self.checkpoint_dir, self.keep_checkpoints)
+            out.append(cbs.Checkpoint(manager, self.checkpoint_every))
+        return out
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.optimizer, self.callbacks))
+
+
+def prepare(model: keras.Model, optimizer: keras.optimizers.Optimizer | str | None = None, *,
+            grad_accum_steps: int = 1, sync_bn: bool = False, sync_bn_group: int = 0,
+            recompute: BlockRule | None = None, gradient_lag: int = 0,
+            precision: str | None = None, checkpoint_dir: str = "", checkpoint_every: int = 0,
+            keep_checkpoints: int = 3, strategy: Strategy | None = None) -> Prepared:
+    """Applies tfscale's features to ``model`` and ``optimizer`` under the strategy, in the
+    order of the module docstring.
+
+    Args:
+        model: a built Keras model, created after :func:`setup` under ``multiworker``.
+        optimizer: a Keras optimizer or its name (``"adam"``); None for a compiled ``model``,
+            whose optimizer is then prepared in place.
+        grad_accum_steps: micro-batches per optimizer step (each ``fit`` batch is split).
+        sync_bn: batch-norm statistics over all replicas (groups of ``sync_bn_group``).
+        sync_bn_group: replicas per synchronized group; 0 = all.
+        recompute: a block rule (layer name -> block name or None): recompute each block's
+            activations in the backward pass instead of keeping them.
+        gradient_lag: 1 = apply each step's averaged gradients one step later (Horovod-style
+            strategies), overlapping the exchange with the next step's compute.
+        precision: the precision the model must have been built with (checked; set it with
+            :func:`setup`); None = whatever setup chose.
+        checkpoint_dir: where the chief saves checkpoints (at each epoch end, or every
+            ``checkpoint_every`` steps), keeping ``keep_checkpoints``; the newest one found
+            there is restored now (:attr:`Prepared.resumed_step`).
+        strategy: an already set-up strategy (``tfscale.train``'s); default: :func:`setup`'s.
+
+    Returns:
+        A :class:`Prepared`.
+
+    Raises:
+        ValueError: one line with the reason, for a feature the strategy or model cannot run,
+            a model built under another precision or outside the strategy's scope, or an
+            unbuilt model.
+    """
+    import keras
+
+    own = strategy is None
+    if strategy is None:
+        strategy = setup(**({} if precision is None else {"precision": precision}))
+    requested = precision if precision not in (None, "auto") else strategy.config.precision
+    config = _config("tfscale.prepare", **{
+        **dataclasses.asdict(strategy.config), "precision": requested,
+        # Errors name the user's model, not tfscale.train's default one.
+        **({"model": model.name} if own else {}),
+        "grad_accum_steps": grad_accum_steps, "sync_bn": sync_bn, "sync_bn_group": sync_bn_group,
+        "recompute": recompute is not None, "gradient_lag": gradient_lag})
+    _check_model(model, config, strategy)
+    # Strategies read their features (gradient_lag) from their config.
+    strategy.config = config
+    with strategy.scope():
+        if optimizer is None:
+            if not model.compiled:
+                raise ValueError("tfscale.prepare: give an optimizer, or compile the model first")
+            optimizer = model.optimizer
+        prepared: keras.optimizers.Optimizer = keras.optimizers.get(optimizer)
+        if (config.precision == "mixed_float16"
+                and not isinstance(prepared, keras.optimizers.LossScaleOptimizer)):
+            prepared = keras.optimizers.LossScaleOptimizer(prepared)
+        prepared = strategy.wrap_optimizer(prepared)
+        if model.compiled:
+            model.optimizer = prepared
+        prepared.build(model.trainable_variables)
+        _apply_model_features(model, config, strategy, recompute)
+    strategy.prepare_model(model)
+    result = Prepared(model, prepared, strategy, 0, checkpoint_dir, checkpoint_every,
+                      keep_checkpoints)
+    if checkpoint_dir:
+        result.resumed_step = _restore(model, prepared, strategy, checkpoint_dir,
+                                       keep_checkpoints)
+    return result
+
+
+def _check_model(model: keras.Model, config: TrainConfig, strategy: Strategy) -> None:
+    """Refuses a model that ``prepare`` cannot make right any more: unbuilt, built under
+    another dtype policy, or outside the strategy's scope."""
+    if not model.built or not model.trainable_variables:
+        raise ValueError(f"tfscale.prepare: model {model.name!r} has no variables yet; build it "
+                         "first (keras.Input, model.build(shape) or one call on a batch)")
+    expected = POLICIES[config.precision]
+    if model.dtype_policy.name != expected:
+        raise ValueError(
+            f"tfscale.prepare: model {model.name!r} was built with dtype policy "
+            f"{model.dtype_policy.name!r}, precision {config.precision!r} needs {expected!r}: "
+            f"call tfscale.setup(precision={config.precision!r}) before building the model")
+    expected_scope = getattr(strategy, "tf_strategy", None)
+    built_under = getattr(model, "_distribute_strategy", None)
+    if expected_scope is not None and built_under is not expected_scope and (
+            built_under is not None or expected_scope.num_replicas_in_sync > 1):
+        raise ValueError(f"tfscale.prepare: model {model.name!r} was built outside "
+                         f"--strategy={config.strategy}'s scope: call tfscale.setup() before "
+                         "building the model")
+
+
+def _apply_model_features(model: keras.Model, config: TrainConfig, strategy: Strategy,
+                          recompute: BlockRule | None) -> None:
+    from tfscale.optimizers import accumulate_gradients
+    from tfscale.recompute import recompute_blocks
+    from tfscale.sync_bn import synchronize_under_strategy
+
+    accumulate_gradients(model, config.grad_accum_steps)
+    if recompute is not None:
+        blocks = recompute_blocks(model, recompute)
+        rank_zero.log(f"--recompute: {len(blocks)} blocks keep only their inputs and "
+                      "recompute their activations in the backward pass")
+    if config.sync_bn:
+        synchronize_under_strategy(model, strategy, config)
+
+
+def _restore(model: keras.Model, optimizer: keras.optimizers.Optimizer, strategy: Strategy,
+             directory: str, keep: int) -> int:
+    """Loads the newest checkpoint of ``directory`` (if any) on every worker; returns its step,
+    as the chief read it."""
+    from tfscale.checkpointing import CheckpointManager
+    from tfscale.collectives.optimizer import lag_slots
+
+    manager = CheckpointManager(directory, keep)
+    meta = manager.restore([*model.weights, *optimizer.variables], optional=lag_slots(optimizer))
+    step = int(strategy.broadcast([float(optimizer.iterations.numpy())])[0])
+    if meta:
+        rank_zero.log(f"tfscale.prepare: resumed from step {step} in {directory}")
+    return step
+
+
+def shard_dataset(dataset: tf.data.Dataset, strategy: Strategy | None = None
+                  ) -> tf.data.Dataset:
+    """This worker's part of ``dataset``: every ``size``-th element from its rank on. Shard
+    before batching (then each worker batches its own) and before shuffling with a per-worker
+    seed; under ``multiworker`` mark the result with
+    :func:`tfscale.multiworker.per_worker_dataset` after batching."""
+    shard = (strategy or setup()).shard()
+    return dataset.shard(shard.count, shard.index) if shard.count > 1 else dataset
+
+
+def shard_arrays(*arrays: np.ndarray, strategy: Strategy | None = None
+                 ) -> tuple[np.ndarray, ...]:
+    """This worker's rows of ``arrays`` (NumPy arrays of equal length): every ``size``-th row
+    from its rank on, after dropping the rows that would make the workers' parts unequal
+    (a worker with one batch more would wait forever for the others' gradients).
+
+    Raises:
+        ValueError: when the arrays differ in length.
+    """
+    lengths = {len(a) for a in arrays}
+    if len(lengths) > 1:
+        raise ValueError(f"tfscale.shard_arrays: the arrays have different lengths "
+                         f"{sorted(lengths)}; expected one row per example in each")
+    shard = (strategy or setup()).shard()
+    usable = (lengths.pop() // shard.count) * shard.count if arrays else 0
+    return tuple(a[shard.index:usable:shard.count] for a in arrays)
+
+
+__all__: Sequence[str] = ("Prepared", "prepare", "setup", "shard_arrays", "shard_dataset")
