@@ -102,7 +102,8 @@ def mwms_style(out: Path) -> dict[str, Any]:
     if rank == 0:
         np.savez(out / "initial.npz", *net.get_weights())
     x, y = data()
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x) // STEPS)
+    # Repeated, as the tutorial's is: each worker then iterates its own shard of it as it is.
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x) // STEPS).repeat()
     history = net.fit(dataset, epochs=1, steps_per_epoch=STEPS, verbose=0)
     reduce = tfscale.multiworker.node_exchange(strategy)
     return {

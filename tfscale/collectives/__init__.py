@@ -11,7 +11,9 @@ so that reading a strategy class (for ``--help`` or a job script) stays free of 
 - :mod:`~tfscale.collectives.optimizer`: gradient reduction inside a Keras 3 optimizer
   (Horovod's ``DistributedOptimizer``, or any reduce function);
 - :mod:`~tfscale.collectives.hierarchical`: the topology-aware all-reduce of the ``ddl``
-  strategy.
+  strategy;
+- :mod:`~tfscale.collectives.exchange`: setting up a job's gradient exchange (shared memory
+  inside a node), one path for the strategies and users' scripts.
 """
 
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, Topology

@@ -216,10 +216,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
     optimizer: keras.optimizers.Optimizer, name: str | None = None, compression: Any = None,
     sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: Any = None,
     backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
-    process_set: Any = None, gradient_lag: int = 0,
+    process_set: Any = None, gradient_lag: int = 0, node_exchange: bool = True,
 ) -> keras.optimizers.Optimizer:
     """Averages (or sums) gradients across Horovod workers with one fused grouped all-reduce
-    per step, like ``horovod.tensorflow.keras.DistributedOptimizer``.
+    per step, like ``horovod.tensorflow.keras.DistributedOptimizer``, or, where the ranks of a
+    node all see the same ``/dev/shm``, through the node exchange of ``tfscale.train``
+    (:func:`tfscale.collectives.horovod.node_reduction`).
 
     The optimizer is changed in place and returned; its state, ``get_config`` and saved form
     stay those of the plain optimizer, so ``model.save`` writes a model that plain Keras loads.
@@ -241,6 +243,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
         gradient_lag: 1 applies each step's averaged gradients one step later, so that their
             all-reduce overlaps the next step's forward and backward pass (Kurth et al.,
             SC18; not in Horovod); 0 (default) applies them in their own step.
+        node_exchange: take the job's node exchange where it has one (not in Horovod); a
+            strategy that has chosen the transport itself passes False.
 
     Raises:
         ValueError: for an ``op`` other than Average/Sum, a predivide factor with ``Sum``,
@@ -255,7 +259,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
         raise ValueError(f"op={op!r}: DistributedOptimizer supports Average and Sum")
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
-    shared = _shared_reduction(hvd, op, compression, process_set)
+    shared = _shared_reduction(hvd, op, compression, process_set) if node_exchange else None
     if shared is not None:
         return with_gradient_reduction(optimizer, shared, backward_passes_per_step,
                                        average_aggregated_gradients, gradient_lag)

@@ -15,7 +15,12 @@ then, as before::
     model.fit(dataset, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                   hvd.callbacks.MetricAverageCallback(), ...])
 
-and run it with ``horovodrun -np N python script.py`` (or any launcher Horovod supports).
+and run it with ``tfscale-run --nproc=N --strategy=horovod script.py``, ``horovodrun -np N
+python script.py`` or any launcher Horovod supports. Where the ranks of a node all see the same
+``/dev/shm`` (CPU-only x86-64), ``DistributedOptimizer``, eager ``allreduce``/``broadcast`` and
+the callbacks' host values go through the shared-memory node exchange that ``tfscale.train
+--strategy=horovod`` uses (hierarchically with Horovod across nodes), not Gloo over loopback;
+``TFSCALE_NODE_EXCHANGE=collectives`` keeps them on Horovod (:mod:`tfscale.collectives.exchange`).
 Horovod's constants (``Average``, ``Sum``, ``Compression``, ``global_process_set``, ...) are
 Horovod's own, looked up on first use. Horovod ops cannot run inside an XLA-compiled function
 in tfscale's build, and Keras 3's default ``jit_compile="auto"`` compiles the training step

@@ -255,9 +255,10 @@ class HorovodStrategy(Strategy):
             return with_gradient_reduction(optimizer, self.reduce,
                                            gradient_lag=self.config.gradient_lag)
         compression = self.comm.hvd.Compression
+        # Horovod's transport, as gradient_reduction chose (not the users' node exchange).
         return DistributedOptimizer(optimizer, compression=compression.fp16
                                     if self.config.fp16_allreduce else compression.none,
-                                    gradient_lag=self.config.gradient_lag)
+                                    gradient_lag=self.config.gradient_lag, node_exchange=False)
 
     def describe(self) -> str:
         return f"{super().describe()}; gradients {self.exchange()}"
