@@ -59,6 +59,7 @@ from typing import NoReturn
 
 from tfscale import cluster_env, cpu_binding
 from tfscale.cluster_env import RESTART_VAR, STRATEGY_VAR
+from tfscale.command import own_top_level_packages
 from tfscale.errors import EXIT_USAGE
 from tfscale.strategies import (
     DEFAULT_STRATEGY,
@@ -235,7 +236,9 @@ def _exec_in_place(name: str, cls: type[Strategy], command: list[str],
 
 
 def entry() -> None:
-    """The ``tfscale-run`` console script."""
+    """The ``tfscale-run`` console script (and ``python -m tfscale.run``)."""
+    # launch.local is tfscale's, also where the user's directory has its own launch package.
+    own_top_level_packages()
     sys.exit(main())
 
 
