@@ -17,12 +17,14 @@ import pytest
 import tensorflow as tf
 
 import input_pipelines
+from input_pipelines.core import inference as input_inference
 from input_pipelines.datasets.imagenet import parse
-from input_pipelines.tools import folder_to_tfrecord
+from input_pipelines.tools import folder_to_tfrecord, stats
 from tests.conftest import run_process
-from tests.pipeline_data import image
+from tests.pipeline_data import image, seg_sample, write_h5
 from tfscale import trainer
 from tfscale.config import TrainConfig
+from tfscale.export import export_inference
 from tfscale.shard import Shard
 
 CLASSES = ["ant", "bee", "cat", "dog"]
@@ -61,7 +63,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_the_export_predicts_what_evaluation_computes_from_raw_images(
         trained: dict[str, Path]) -> None:
-    cfg = run_config(trained["records"], trained["run"])
+    # deterministic: the pipeline's batches in record order (its parallel map may reorder).
+    cfg = run_config(trained["records"], trained["run"], deterministic=True)
     export = trained["run"] / "export"
     info = (export / "inference.json").read_text()
     assert '"classes": [\n    "ant",' in info and '"dtype": "uint8"' in info
@@ -136,3 +139,29 @@ def test_predict_refuses_bad_input_in_one_line(trained: dict[str, Path],
         assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], (
             args, proc.stdout, proc.stderr[-2000:])
         assert proc.stdout == ""
+
+
+def test_a_segmentation_export_crops_and_normalizes_as_evaluation(tmp_path: Path) -> None:
+    # The export of a segmentation dataset, without training (the trainer's path is the one
+    # tested above): any fully convolutional model shows the crop and normalization.
+    data_dir = tmp_path / "data"
+    for split, seeds in (("train", [0, 1]), ("validation", [4, 5, 6])):
+        samples = [seg_sample(s, size=24) for s in seeds]  # cropped to 16 by evaluation
+        write_h5(data_dir / split / "a.h5", np.stack([d for d, _ in samples]),
+                 np.stack([labels for _, labels in samples]))
+    assert stats.main(["--data_dir", str(data_dir)]) == 0
+    cfg = run_config(data_dir, tmp_path / "run", num_classes=3, dataset="segmentation_h5",
+                     input_channels=2, deterministic=True)
+    inputs = keras.Input((16, 16, 2))
+    model = keras.Model(inputs, keras.layers.Conv2D(3, 3, padding="same")(inputs))
+    inference = input_inference.for_run(cfg)
+    assert inference is not None and inference.dtype == "float32"
+    export_inference(model, tmp_path / "export", inference.preprocess, inference.dtype,
+                     inference.channels, {"task": inference.task})
+    batches = input_pipelines.PIPELINES.get("segmentation_h5")(cfg, Shard(), "validation", 2)
+    evaluated = np.concatenate([model(x, training=False).numpy() for x, _ in batches.dataset])
+    served = tf.saved_model.load(str(tmp_path / "export"))
+    raw = [seg_sample(s, size=24)[0] for s in (4, 5, 6)]
+    exported = np.concatenate([served.serve(r[None])["logits"].numpy() for r in raw])
+    assert exported.shape == evaluated.shape == (3, 16, 16, 3)
+    np.testing.assert_allclose(exported, evaluated, atol=1e-5, rtol=0)

