@@ -191,3 +191,16 @@ def test_user_script_under_tfscale_run_equals_tfscale_train(tmp_path: Path) -> N
     assert len(shared) >= 3 * len(ranks[0].files), (sorted(mine), sorted(theirs))
     worst = max(float(np.max(np.abs(mine[p] - theirs[p]))) for p in shared)
     assert worst < 1e-5, worst
+
+
+def test_a_script_sets_up_once_and_prepare_uses_that_strategy() -> None:
+    try:
+        strategy = _prepare.setup(seed=5, sync_bn=True)
+        assert strategy.config.seed == 5
+        prepared = _prepare.prepare(_model(), "sgd")
+        assert prepared.strategy is strategy
+        assert _prepare.shard_arrays(np.arange(3))[0].tolist() == [0, 1, 2]
+        with pytest.raises(ValueError, match="^tfscale.setup: already set up with other "):
+            _prepare.setup(seed=6)
+    finally:
+        _prepare._close()

@@ -77,7 +77,8 @@ def setup(strategy: str | None = None, *, precision: str = "fp32", **options: An
             machine computes natively); sets Keras's global dtype policy.
         **options: other ``tfscale.train`` settings by their flag names, e.g. ``seed``,
             ``deterministic``, ``xla``, ``cpu_binding``, ``node_exchange``,
-            ``collective_timeout_s``, ``cycle_time_ms``.
+            ``collective_timeout_s``, ``cycle_time_ms``; and ``sync_bn=True`` when
+            :func:`prepare` will synchronize batch norm (Horovod's cycle time depends on it).
 
     Returns:
         The set-up strategy (``rank``, ``size``, ``is_chief``, ``shard()`` ...). It stays set up
@@ -114,6 +115,11 @@ def setup(strategy: str | None = None, *, precision: str = "fp32", **options: An
     _session = _Session(config, created, stack)
     atexit.register(_close)
     return created
+
+
+def _current(**options: Any) -> Strategy:
+    """The strategy set up by :func:`setup`, or a new one set up with ``options``."""
+    return _session.strategy if _session is not None else setup(**options)
 
 
 def _close() -> None:
@@ -217,7 +223,9 @@ def prepare(model: keras.Model, optimizer: keras.optimizers.Optimizer | str | No
 
     own = strategy is None
     if strategy is None:
-        strategy = setup(**({} if precision is None else {"precision": precision}))
+        # Horovod's cycle time depends on sync_bn (tfscale.strategies.horovod), chosen at setup.
+        strategy = _current(sync_bn=sync_bn,
+                            **({} if precision is None else {"precision": precision}))
     requested = precision if precision not in (None, "auto") else strategy.config.precision
     config = _config("tfscale.prepare", **{
         **dataclasses.asdict(strategy.config), "precision": requested,
@@ -308,7 +316,7 @@ def shard_dataset(dataset: tf.data.Dataset, strategy: Strategy | None = None
     before batching (then each worker batches its own) and before shuffling with a per-worker
     seed; under ``multiworker`` mark the result with
     :func:`tfscale.multiworker.per_worker_dataset` after batching."""
-    shard = (strategy or setup()).shard()
+    shard = (strategy or _current()).shard()
     return dataset.shard(shard.count, shard.index) if shard.count > 1 else dataset
 
 
@@ -325,7 +333,7 @@ def shard_arrays(*arrays: np.ndarray, strategy: Strategy | None = None
     if len(lengths) > 1:
         raise ValueError(f"tfscale.shard_arrays: the arrays have different lengths "
                          f"{sorted(lengths)}; expected one row per example in each")
-    shard = (strategy or setup()).shard()
+    shard = (strategy or _current()).shard()
     usable = (lengths.pop() // shard.count) * shard.count if arrays else 0
     return tuple(a[shard.index:usable:shard.count] for a in arrays)
 
