@@ -4,6 +4,7 @@ Importing the package imports no dataset module (nor TensorFlow): a pipeline's m
 imported when its builder is fetched from :data:`PIPELINES`.
 """
 
+from input_pipelines.core.recognize import has_validation_split
 from input_pipelines.registry import (
     PIPELINES,
     Batches,
@@ -15,5 +16,5 @@ from input_pipelines.registry import (
     task_of,
 )
 
-__all__ = ["PIPELINES", "Batches", "Shard", "declare", "reads_data_dir", "recognize", "register",
-           "task_of"]
+__all__ = ["PIPELINES", "Batches", "Shard", "declare", "has_validation_split", "reads_data_dir",
+           "recognize", "register", "task_of"]

@@ -16,12 +16,12 @@ from input_pipelines.core import datum
 from input_pipelines.core.errors import DataError
 from input_pipelines.core.lmdb_env import MAX_RANGE, range_bounds
 from input_pipelines.core.manifest import sha256_file
+from input_pipelines.core.recognize import has_validation_split
 from input_pipelines.datasets import lmdb as lmdb_dataset
 from input_pipelines.registry import recognize
 from input_pipelines.tools import folder_to_lmdb
 from tests.conftest import TINY, read_results, run_train
 from tests.pipeline_data import ONE, SHARDS_2, config, image, write_image_folder
-from tfscale.targets import has_validation_split
 from tfscale.tasks import CLASSIFICATION
 
 F = descriptor_pb2.FieldDescriptorProto

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+from input_pipelines import has_validation_split
 from tests.conftest import TINY, run_train
 from tfscale import events, targets
 from tfscale.callbacks import Evaluation, TargetStop
@@ -48,12 +49,14 @@ def test_reported_metrics() -> None:
 
 
 def test_evaluation_is_on_with_validation_steps_or_a_validation_split(tmp_path: Path) -> None:
-    assert not targets.evaluation_enabled(TrainConfig(data_dir=str(tmp_path)))
-    assert targets.evaluation_enabled(TrainConfig(validation_steps=2))
+    assert not has_validation_split(str(tmp_path))
+    assert not targets.evaluation_enabled(TrainConfig(data_dir=str(tmp_path)), False)
+    assert targets.evaluation_enabled(TrainConfig(validation_steps=2), False)
     (tmp_path / "validation").mkdir()
-    assert targets.evaluation_enabled(TrainConfig(data_dir=str(tmp_path)))
+    assert has_validation_split(str(tmp_path))
+    assert targets.evaluation_enabled(TrainConfig(data_dir=str(tmp_path)), True)
     with pytest.raises(ValueError, match="--eval_every needs validation data"):
-        targets.check_evaluation(TrainConfig(eval_every=5), "classification")
+        targets.check_evaluation(TrainConfig(eval_every=5), "classification", False)
 
 
 def test_a_bad_metric_name_fails_at_start_with_one_line_listing_the_metrics(

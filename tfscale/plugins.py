@@ -73,7 +73,7 @@ def validate_names(config: TrainConfig) -> None:
     model_task = models.task_of(config.model)
     _check_data_dir(config)
     parse_class_weights(config.class_weights, config.num_classes)
-    check_evaluation(config, model_task)
+    check_evaluation(config, model_task, input_pipelines.has_validation_split(config.data_dir))
     _warn_ignored_tuning_flags(config)
     strategy.check_environment()
     if config.num_processes > 1 and not strategy.multi_process():

@@ -3,9 +3,10 @@ the config, so that a bad target fails before any worker starts (and before Tens
 
 Evaluation (on the validation split, see :mod:`tfscale.evaluation`) is on when
 ``--validation_steps`` > 0 (at most that many batches per worker; the only way to evaluate on
-unbounded data such as ``synthetic``), or when ``--data_dir`` is a directory with a validation
-split (``validation-*`` files or a ``validation/`` folder), which is then read whole. Otherwise
-it is off, and ``--eval_every``, ``--eval_only`` and a ``val_`` target are errors.
+unbounded data such as ``synthetic``), or when ``--data_dir`` holds a validation split (which
+the caller learns from :func:`input_pipelines.has_validation_split`: ``validation-*`` files, a
+``validation/`` folder, Caffe's ``*val*_lmdb``), which is then read whole. Otherwise it is off,
+and ``--eval_every``, ``--eval_only`` and a ``val_`` target are errors.
 
 A target is ``NAME:VALUE[:min|max]``: training stops once metric ``NAME`` is at least (``max``)
 or at most (``min``) ``VALUE``. The direction defaults to ``min`` for names containing
@@ -15,8 +16,6 @@ or at most (``min``) ``VALUE``. The direction defaults to ``min`` for names cont
 from __future__ import annotations
 
 import dataclasses
-import glob
-import os
 from typing import TYPE_CHECKING
 
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
@@ -71,25 +70,10 @@ def parse_target(text: str) -> Target | None:
     return Target(parts[0], value, direction)
 
 
-def has_validation_split(data_dir: str) -> bool:
-    """True when ``data_dir`` is a directory holding ``validation-*`` files, a
-    ``validation/`` folder (the layouts of :mod:`input_pipelines.core.files`), or an LMDB
-    validation environment under Caffe's names (``*val*_lmdb``, ``*test*_lmdb``)."""
-    if not data_dir or not os.path.isdir(data_dir):
-        return False
-    from input_pipelines.core.lmdb_env import CAFFE_NAMES, is_environment
-
-    root = glob.escape(data_dir)
-    caffe = (p for pattern in CAFFE_NAMES["validation"]
-             for p in glob.glob(os.path.join(root, pattern)))
-    return bool(glob.glob(os.path.join(root, "validation-*"))
-                or os.path.isdir(os.path.join(data_dir, "validation"))
-                or any(is_environment(p) for p in caffe))
-
-
-def evaluation_enabled(config: TrainConfig) -> bool:
-    """Whether the run evaluates on the validation split (see the module docstring)."""
-    return config.validation_steps > 0 or has_validation_split(config.data_dir)
+def evaluation_enabled(config: TrainConfig, has_validation: bool) -> bool:
+    """Whether the run evaluates on the validation split (see the module docstring);
+    ``has_validation``: whether ``--data_dir`` holds one."""
+    return config.validation_steps > 0 or has_validation
 
 
 def reported_metrics(task: str, num_classes: int, evaluation: bool) -> list[str]:
@@ -112,8 +96,9 @@ def reported_metrics(task: str, num_classes: int, evaluation: bool) -> list[str]
     return train + (val if evaluation else [])
 
 
-def check_evaluation(config: TrainConfig, task: str) -> Target | None:
-    """Checks the evaluation flags and the target against what this config reports.
+def check_evaluation(config: TrainConfig, task: str, has_validation: bool) -> Target | None:
+    """Checks the evaluation flags and the target against what this config reports
+    (``has_validation``: whether ``--data_dir`` holds a validation split).
 
     Returns:
         The parsed target, or None when there is none.
@@ -121,13 +106,14 @@ def check_evaluation(config: TrainConfig, task: str) -> Target | None:
     Raises:
         ValueError: one line naming the bad flag and, for a bad target, the metrics reported.
     """
-    evaluation = evaluation_enabled(config)
+    evaluation = evaluation_enabled(config, has_validation)
     if not evaluation:
         for flag, given in (("eval_every", config.eval_every), ("eval_only", config.eval_only)):
             if given:
                 raise ValueError(
                     f"--{flag} needs validation data: give --validation_steps > 0, or a "
-                    f"--data_dir with validation-* files or a validation/ folder "
+                    f"--data_dir with a validation split (validation-* files, a validation/ "
+                    f"folder or Caffe's *val*_lmdb) "
                     f"(--data_dir={config.data_dir!r})")
     target = parse_target(config.target_metric)
     if target is None:

@@ -140,7 +140,8 @@ class Trainer:
         # Examples per optimizer step: with --grad_accum_steps K, each step is K micro-batches.
         self.global_batch = config.batch_size * strategy.num_replicas * config.grad_accum_steps
         self.task = models.task_of(config.model)
-        self.target = targets.check_evaluation(config, self.task)
+        self.has_validation = input_pipelines.has_validation_split(config.data_dir)
+        self.target = targets.check_evaluation(config, self.task, self.has_validation)
         self.events = EventLog(self.model_dir / "events.jsonl")
 
     def _process_batch(self, split: str) -> int:
@@ -156,7 +157,7 @@ class Trainer:
     def _evaluator(self) -> Evaluator | None:
         """The evaluation of this run, or None when it has no validation data."""
         cfg = self.config
-        if not targets.evaluation_enabled(cfg):
+        if not targets.evaluation_enabled(cfg, self.has_validation):
             return None
         validation = self._data("validation")
         if validation.examples is None and not cfg.validation_steps:
