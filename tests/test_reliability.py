@@ -103,9 +103,10 @@ def test_preemption_checkpoints_and_resumes(strategy: str, tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("strategy", "steps", "extra"), [
     ("default", 3000, []),
-    pytest.param("horovod", 1200, [], marks=requires_horovod),
-    # The lag's pending gradients are checkpointed (averaged over the workers), so the first
-    # step after resuming applies what it would have applied without the kill.
+    # Plain horovod x 2 killed and resumed to the same weights is test_restart's case (a
+    # worker killed, the group restarted by --max_restarts). The lag's pending gradients are
+    # checkpointed (averaged over the workers), so the first step after resuming applies what
+    # it would have applied without the kill.
     pytest.param("horovod", 1200, ["--gradient_lag=1"], marks=requires_horovod),
 ])
 def test_killed_run_resumes_to_identical_weights(strategy: str, steps: int, extra: list[str],
