@@ -11,6 +11,7 @@ import time
 from typing import TextIO
 
 from input_pipelines.registry import Shard
+from tfscale.durations import clock
 
 
 def prefix(shard: Shard | None) -> str:
@@ -32,28 +33,26 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f}"
 
 
-def _clock(seconds: float) -> str:
-    """``seconds`` as ``H:MM:SS``."""
-    whole = int(round(seconds))
-    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
-
-
 class Progress:
     """A progress line for a job of ``total_items`` items and ``total_bytes`` bytes.
 
     On a terminal the line is redrawn in place; otherwise (logs, launchers) a line is printed at
-    most every ``interval`` seconds, and always at the end.
+    most every ``interval`` seconds, and always at the end. With ``inside`` (e.g. "samples"),
+    the line also counts what the items hold and its rate, for files whose number of images is
+    known only once read.
     """
 
     def __init__(self, label: str, total_items: int, total_bytes: int,
                  stream: TextIO | None = None, interval: float = 5.0,
-                 unit: str = "files") -> None:
+                 unit: str = "files", inside: str = "") -> None:
         self.label = label
         self.unit = unit
+        self.inside = inside
         self.total_items = total_items
         self.total_bytes = total_bytes
         self.items = 0
         self.bytes = 0
+        self.contents = 0
         self.stream = stream or sys.stderr
         self.interval = interval
         self.start = time.monotonic()
@@ -72,14 +71,19 @@ class Progress:
         else:
             amount = f"{self.items / elapsed:.1f} {self.unit}/s"
             done = self.items / max(self.total_items, 1)
-        left = f"ETA {_clock(elapsed * (1 - done) / done)}" if 0 < done < 1 else (
-            f"{_clock(elapsed)} elapsed")
-        return f"{self.label}: {self.items}/{self.total_items} {self.unit}, {amount}, {left}"
+        left = f"ETA {clock(elapsed * (1 - done) / done)}" if 0 < done < 1 else (
+            f"{clock(elapsed)} elapsed")
+        inside = (f", {self.contents} {self.inside} ({self.contents / elapsed:.1f} "
+                  f"{self.inside}/s)" if self.inside else "")
+        return (f"{self.label}: {self.items}/{self.total_items} {self.unit}{inside}, {amount}, "
+                f"{left}")
 
-    def advance(self, nbytes: int = 0, items: int = 0) -> None:
-        """Counts ``nbytes`` more bytes and ``items`` more finished items; redraws if due."""
+    def advance(self, nbytes: int = 0, items: int = 0, contents: int = 0) -> None:
+        """Counts ``nbytes`` more bytes, ``items`` more finished items and ``contents`` more of
+        what they hold; redraws if due."""
         self.bytes += nbytes
         self.items += items
+        self.contents += contents
         now = time.monotonic()
         if self._tty or now - self._last >= self.interval:
             self._last = now

@@ -29,6 +29,9 @@ from tfscale.tasks import CLASSIFICATION
 
 STATS = "stats.json"
 SPLITS = ("train", "validation")
+# Below this much data, --workers=0 (auto) reads in this process: each worker process imports
+# TensorFlow (about 6 s on a 2-core machine), longer than a small folder takes to read.
+AUTO_POOL_BYTES = 64 * 2**20
 
 
 class ChannelStats:
@@ -155,48 +158,128 @@ def _samples(path: str, data_key: str, label_key: str) -> Iterator[tuple[np.ndar
         yield segmentation_records.decode(record)
 
 
-def compute(data_dir: str, data_key: str, label_key: str) -> dict[str, Any]:
-    """Reads the data under ``data_dir`` and returns the stats.json document.
+class FileStats:
+    """What one segmentation file contributes to stats.json: its samples' shape (all must
+    match the first's), count and label range, and for a training file the channel statistics
+    and class pixels. Each file is read alone (on an :class:`EncodePool` worker) and the
+    results are merged in file order, so the document is the same for any ``--workers``."""
+
+    def __init__(self) -> None:
+        self.path = ""
+        self.shape: tuple[int, ...] | None = None
+        self.samples = 0
+        self.channels: ChannelStats | None = None
+        self.classes: list[int] = []
+
+    def read(self, path: str, train: bool, data_key: str, label_key: str) -> tuple[int, int]:
+        """Reads every sample of ``path``; returns its smallest and largest label.
+
+        Raises:
+            DataError: a sample whose shape differs from the first one's, or non-finite data.
+        """
+        self.path = path
+        low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+        for data, labels in _samples(path, data_key, label_key):
+            if self.shape is None:
+                self.shape = data.shape
+                self.channels = ChannelStats(data.shape[-1]) if train else None
+            _check_shape(path, self.samples, data.shape, labels.shape, path, self.shape)
+            bad = np.size(data) - int(np.isfinite(data).sum())
+            if bad:
+                raise DataError(f"{path}: sample {self.samples}: {bad} data values are NaN or "
+                                "Inf")
+            if self.channels is not None:
+                self.channels.add(data)
+                self.classes = class_pixels(labels, self.classes)
+            lo, hi = label_range(labels)
+            low, high, self.samples = min(low, lo), max(high, hi), self.samples + 1
+        return int(low), int(high)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "shape": list(self.shape) if self.shape else None,
+                "samples": self.samples, "classes": self.classes,
+                "channels": self.channels.to_dict() if self.channels else None}
+
+    def merge(self, saved: dict[str, Any]) -> None:
+        """Adds another file's :meth:`to_dict`.
+
+        Raises:
+            DataError: its samples' shape differs from the first file's.
+        """
+        shape = tuple(saved["shape"]) if saved["shape"] else None
+        if shape is not None:
+            if self.shape is None:
+                self.path, self.shape = saved["path"], shape
+            _check_shape(saved["path"], 0, shape, shape[:2], self.path, self.shape)
+        self.samples += saved["samples"]
+        channels = saved["channels"]
+        if channels is not None:
+            if self.channels is None:
+                self.channels = ChannelStats(len(channels["mean"]))
+            self.channels.merge(channels["pixels"], np.array(channels["mean"]),
+                                np.array(channels["m2"]))
+            self.classes = add_counts(self.classes, saved["classes"])
+
+
+def _check_shape(path: str, index: int, shape: Sequence[int], label_shape: Sequence[int],
+                 first_path: str, first: Sequence[int]) -> None:
+    if tuple(shape) != tuple(first) or tuple(label_shape) != tuple(first[:2]):
+        raise DataError(f"{path}: sample {index} has data shape {tuple(shape)} and label "
+                        f"shape {tuple(label_shape)}, but the first sample ({first_path}) has "
+                        f"{tuple(first)} and {tuple(first[:2])}")
+
+
+def _read_file(item: tuple[str, bool, str, str], stats: Any) -> tuple[bytes, int, int]:
+    """An :data:`~input_pipelines.core.encode_pool.Encode` of (path, train, data_key,
+    label_key): no record, the file's label range, its :class:`FileStats` in ``stats``."""
+    low, high = stats.read(*item)
+    return b"", low, high
+
+
+def pool_size(workers: int, nbytes: int) -> int:
+    """``workers``, or for 0 (auto) every core when there are more than
+    :data:`AUTO_POOL_BYTES` to read, else 1."""
+    from input_pipelines.core.encode_pool import available_cores
+
+    if workers:
+        return workers
+    return available_cores() if nbytes > AUTO_POOL_BYTES else 1
+
+
+def compute(data_dir: str, data_key: str, label_key: str, workers: int = 1) -> dict[str, Any]:
+    """Reads the data under ``data_dir``, a file at a time on each of ``workers`` processes (0:
+    :func:`pool_size`), and returns the stats.json document.
 
     Raises:
         DataError: no training files, or a sample whose shape differs from the first one's.
     """
+    from input_pipelines.core.encode_pool import EncodePool
+
     splits = {"train": split_files(data_dir, "train")}
     try:
         splits["validation"] = split_files(data_dir, "validation")
     except DataError:
         pass
     all_files = [(s, f) for s, paths in splits.items() for f in paths]
-    progress = Progress("stats", len(all_files), sum(os.path.getsize(f) for _, f in all_files))
-    channels: ChannelStats | None = None
-    classes: list[int] = []
-    first: tuple[str, tuple[int, ...]] | None = None
+    nbytes = sum(os.path.getsize(f) for _, f in all_files)
+    progress = Progress("stats", len(all_files), nbytes, inside="samples")
+    total = FileStats()
     files: dict[str, dict[str, Any]] = {}
-    for split, path in all_files:
-        low, high, samples = np.iinfo(np.int64).max, np.iinfo(np.int64).min, 0
-        for data, labels in _samples(path, data_key, label_key):
-            if first is None:
-                first = (path, data.shape)
-                channels = ChannelStats(data.shape[-1])
-            if data.shape != first[1] or labels.shape != first[1][:2]:
-                raise DataError(f"{path}: sample {samples} has data shape {data.shape} and label "
-                                f"shape {labels.shape}, but the first sample ({first[0]}) has "
-                                f"{first[1]} and {first[1][:2]}")
-            bad = np.size(data) - int(np.isfinite(data).sum())
-            if bad:
-                raise DataError(f"{path}: sample {samples}: {bad} data values are NaN or Inf")
-            if split == "train" and channels is not None:
-                channels.add(data)
-                classes = class_pixels(labels, classes)
-            lo, hi = label_range(labels)
-            low, high, samples = min(low, lo), max(high, hi), samples + 1
-        files[os.path.relpath(path, data_dir)] = {
-            "split": split, "samples": samples, "label_min": int(low), "label_max": int(high)}
-        progress.advance(os.path.getsize(path), items=1)
+    items = [(path, split == "train", data_key, label_key) for split, path in all_files]
+    with EncodePool(pool_size(workers, nbytes)) as pool:
+        for (split, path), (_, low, high, saved) in zip(
+                all_files, pool.map(_read_file, FileStats, items), strict=True):
+            assert saved is not None
+            total.merge(saved)
+            files[os.path.relpath(path, data_dir)] = {
+                "split": split, "samples": saved["samples"], "label_min": low,
+                "label_max": high}
+            progress.advance(os.path.getsize(path), items=1, contents=saved["samples"])
     progress.done()
-    if channels is None or first is None:
+    if total.channels is None or total.shape is None:
         raise DataError(f"--data_dir={data_dir} has no training samples")
-    return stats_document(channels, classes, first[1], files, data_key, label_key)
+    return stats_document(total.channels, total.classes, total.shape, files, data_key,
+                          label_key)
 
 
 def is_image_folder(data_dir: str) -> bool:
@@ -208,29 +291,41 @@ def is_image_folder(data_dir: str) -> bool:
         e.is_dir() and not e.name.startswith(".") for e in os.scandir(folder))
 
 
-def compute_images(data_dir: str) -> dict[str, Any]:
-    """Decodes the training images of the image folder ``data_dir``; returns stats.json.
+def _image_stats(path: str, stats: Any) -> tuple[bytes, int, int]:
+    """An :data:`~input_pipelines.core.encode_pool.Encode` of image paths: no record, the
+    image's statistics in ``stats`` (an :class:`ImageStats`)."""
+    import tensorflow as tf
+
+    with open(path, "rb") as f:
+        encoded = f.read()
+    try:
+        stats.add(encoded)
+    except tf.errors.OpError as err:
+        raise DataError(f"{path}: cannot decode the image: "
+                        f"{err.message.splitlines()[0]}") from None
+    return b"", 0, 0
+
+
+def compute_images(data_dir: str, workers: int = 1) -> dict[str, Any]:
+    """Decodes the training images of the image folder ``data_dir`` on ``workers`` processes
+    (0: :func:`pool_size`); returns stats.json. Each image's statistics are merged in order,
+    so the result is the same for any number of workers.
 
     Raises:
         DataError: no class folders or images, or an image that does not decode.
     """
-    import tensorflow as tf
-
     from input_pipelines.core.class_folders import list_images
+    from input_pipelines.core.encode_pool import EncodePool
 
     folder = list_images(data_dir, "train")
-    progress = Progress("stats", len(folder.paths),
-                        sum(os.path.getsize(p) for p in folder.paths))
+    progress = Progress("stats", len(folder.paths), 0, unit="images")
     stats = ImageStats()
-    for path in folder.paths:
-        with open(path, "rb") as f:
-            encoded = f.read()
-        try:
-            stats.add(encoded)
-        except tf.errors.OpError as err:
-            raise DataError(f"{path}: cannot decode the image: "
-                            f"{err.message.splitlines()[0]}") from None
-        progress.advance(len(encoded), items=1)
+    nbytes = sum(os.path.getsize(p) for p in folder.paths)
+    with EncodePool(pool_size(workers, nbytes)) as pool:
+        for _, _, _, saved in pool.map(_image_stats, ImageStats, folder.paths):
+            assert saved is not None
+            stats.merge(saved)
+            progress.advance(items=1)
     progress.done()
     return {"version": 1, "task": CLASSIFICATION, "classes": folder.classes,
             "images": len(folder.paths), "pixel_stats": stats.summary()}
