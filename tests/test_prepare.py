@@ -198,7 +198,7 @@ def test_a_script_sets_up_once_and_prepare_uses_that_strategy() -> None:
         strategy = _prepare.setup(seed=5, sync_bn=True)
         assert strategy.config.seed == 5
         prepared = _prepare.prepare(_model(), "sgd")
-        assert prepared.strategy is strategy
+        assert prepared.strategy is strategy and _prepare.setup() is strategy
         assert _prepare.shard_arrays(np.arange(3))[0].tolist() == [0, 1, 2]
         with pytest.raises(ValueError, match="^tfscale.setup: already set up with other "):
             _prepare.setup(seed=6)

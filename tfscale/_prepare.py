@@ -67,14 +67,15 @@ class _Session:
 _session: _Session | None = None
 
 
-def setup(strategy: str | None = None, *, precision: str = "fp32", **options: Any) -> Strategy:
+def setup(strategy: str | None = None, *, precision: str | None = None,
+          **options: Any) -> Strategy:
     """Starts this process's strategy and runtime settings, once; call it before building the
     model (required under ``multiworker``, and for a precision other than fp32).
 
     Args:
         strategy: a registered strategy name; default: the one the launcher chose.
-        precision: ``fp32``, ``mixed_float16``, ``mixed_bfloat16`` or ``auto`` (what this
-            machine computes natively); sets Keras's global dtype policy.
+        precision: ``fp32`` (default), ``mixed_float16``, ``mixed_bfloat16`` or ``auto`` (what
+            this machine computes natively); sets Keras's global dtype policy.
         **options: other ``tfscale.train`` settings by their flag names, e.g. ``seed``,
             ``deterministic``, ``xla``, ``cpu_binding``, ``node_exchange``,
             ``collective_timeout_s``, ``cycle_time_ms``; and ``sync_bn=True`` when
@@ -82,16 +83,19 @@ def setup(strategy: str | None = None, *, precision: str = "fp32", **options: An
 
     Returns:
         The set-up strategy (``rank``, ``size``, ``is_chief``, ``shard()`` ...). It stays set up
-        until the process exits; its scope is entered for the rest of the process.
+        until the process exits; its scope is entered for the rest of the process. Called
+        again without arguments, it returns the same strategy.
 
     Raises:
         ValueError: for an unknown option or strategy, a value ``tfscale.train`` would refuse,
             or a second call with other settings.
     """
     global _session
+    if _session is not None and strategy is None and precision is None and not options:
+        return _session.strategy
     config = resolve_precision(_config(
-        "tfscale.setup", strategy=strategy or launched_strategy(), precision=precision,
-        **options))
+        "tfscale.setup", strategy=strategy or launched_strategy(),
+        precision=precision or "fp32", **options))
     if _session is not None:
         if _session.config != config:
             raise ValueError("tfscale.setup: already set up with other settings (strategy="
