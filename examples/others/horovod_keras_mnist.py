@@ -4,9 +4,10 @@ as written for ``horovod.tensorflow.keras``.
 Data-source change: MNIST cannot be downloaded here, so scikit-learn's bundled 8x8 digits
 stand in, upscaled to 28x28 (``load_digits_as_mnist``), and the run is shortened to 3 epochs
 of 20 steps. Horovod 0.28.1's own Keras layer does not run on TF 2.21 with Keras 3; this is
-the script on tfscale, 3 changed lines: the import, and two calls Keras 3 refuses
-(``compile``'s ``experimental_run_tf_function``, a checkpoint file not named ``.keras``).
-``horovod_keras_mnist_original.py`` is the script before the change::
+the script on tfscale, 2 changed lines: the import, and ``compile`` without
+``experimental_run_tf_function``, which Keras 3 refuses (the ``.h5`` checkpoint stays: Keras 3
+writes it with a "legacy format" warning). ``horovod_keras_mnist_original.py`` is the script
+before the change::
 
     tfscale-run --nproc=2 --strategy=horovod examples/others/horovod_keras_mnist.py
 """
@@ -88,7 +89,7 @@ callbacks = [
 
 # Horovod: save checkpoints only on worker 0 to prevent other workers from corrupting them.
 if hvd.rank() == 0:
-    callbacks.append(tf.keras.callbacks.ModelCheckpoint('./checkpoint-{epoch}.keras'))
+    callbacks.append(tf.keras.callbacks.ModelCheckpoint('./checkpoint-{epoch}.h5'))
 
 # Horovod: write logs on worker 0.
 verbose = 1 if hvd.rank() == 0 else 0
