@@ -3,7 +3,8 @@
 The comm-bound ``mlp`` of bench/scaling.py (batch 64 per worker, every worker pinned to its own
 core; the one-process baseline pinned to one core) trained by:
 
-- ``tfscale.train --strategy=default`` in one process: the baseline of every row;
+- ``tfscale.train --strategy=default`` in one process, and the Horovod-style script as one
+  rank: the baselines;
 - ``tfscale.train --strategy=horovod|multiworker --num_processes=2 --cpu_binding``;
 - a Horovod-style script on ``tfscale.horovod`` (bench/user_hvd_mlp.py) and a TF-tutorial
   MWMS script with ``tfscale.multiworker.enable()`` (bench/user_mwms_mlp.py), each started on
@@ -12,8 +13,11 @@ core; the one-process baseline pinned to one core) trained by:
 - with ``--before``, the same scripts with ``TFSCALE_NODE_EXCHANGE=collectives``: their
   gradients on Gloo and gRPC over loopback, as before users' scripts took the node exchange.
 
-Efficiency = the 2-worker rate / (2 x the baseline's rate), both means over the rounds. Every
-case runs once per round, the rounds in alternating order.
+Efficiency = the 2-worker rate / (2 x the one-process rate of the same program), both means
+over the rounds: tfscale.train's one process for tfscale.train, the Horovod-style script run as
+one rank (its optimizer then exchanges nothing: plain Keras) for the scripts, so that what a
+program does in one process, and not its exchange, does not move its efficiency. Every case
+runs once per round, the rounds in alternating order.
 
     python -m bench.user_scripts [--rounds 3 --before]
 """
@@ -69,8 +73,13 @@ def run_script(style: str, cores: list[int], mode: str = "auto") -> float:
         return rate
 
 
-def cases(before: bool) -> dict[str, Callable[[list[int]], float]]:
-    """Name -> a function of the cores (one per worker) that returns images/s."""
+TRAIN_ONE = "one process: tfscale.train --strategy=default"
+SCRIPT_ONE = "one process: the Horovod-style script, 1 rank (plain Keras underneath)"
+
+
+def cases(before: bool) -> dict[str, tuple[int, str, Callable[[list[int]], float]]]:
+    """Name -> (workers, the one-process case it is measured against, a function of the
+    cores, one per worker, that returns images/s)."""
     def tfscale_train(strategy: str) -> Callable[[list[int]], float]:
         def run(cores: list[int]) -> float:
             flags = [*MLP, f"--strategy={strategy}", f"--num_processes={len(cores)}"]
@@ -80,18 +89,23 @@ def cases(before: bool) -> dict[str, Callable[[list[int]], float]]:
             return rate
         return run
 
-    found: dict[str, Callable[[list[int]], float]] = {
-        "one process: tfscale.train --strategy=default": tfscale_train("default"),
-        "tfscale.train --strategy=horovod --num_processes=2": tfscale_train("horovod"),
-        "tfscale.train --strategy=multiworker --num_processes=2": tfscale_train("multiworker"),
-        "Horovod-style script (tfscale.horovod)": lambda c: run_script("horovod", c),
-        "MWMS-style script (tfscale.multiworker.enable())": lambda c: run_script("mwms", c),
+    found: dict[str, tuple[int, str, Callable[[list[int]], float]]] = {
+        TRAIN_ONE: (1, TRAIN_ONE, tfscale_train("default")),
+        SCRIPT_ONE: (1, SCRIPT_ONE, lambda c: run_script("horovod", c)),
+        "tfscale.train --strategy=horovod --num_processes=2": (
+            2, TRAIN_ONE, tfscale_train("horovod")),
+        "tfscale.train --strategy=multiworker --num_processes=2": (
+            2, TRAIN_ONE, tfscale_train("multiworker")),
+        "Horovod-style script (tfscale.horovod)": (
+            2, SCRIPT_ONE, lambda c: run_script("horovod", c)),
+        "MWMS-style script (tfscale.multiworker.enable())": (
+            2, SCRIPT_ONE, lambda c: run_script("mwms", c)),
     }
     if before:
         found["Horovod-style script, TFSCALE_NODE_EXCHANGE=collectives (Gloo)"] = (
-            lambda c: run_script("horovod", c, "collectives"))
+            2, SCRIPT_ONE, lambda c: run_script("horovod", c, "collectives"))
         found["MWMS-style script, TFSCALE_NODE_EXCHANGE=collectives (gRPC)"] = (
-            lambda c: run_script("mwms", c, "collectives"))
+            2, SCRIPT_ONE, lambda c: run_script("mwms", c, "collectives"))
     return found
 
 
@@ -104,27 +118,31 @@ def measure(rounds: int, before: bool) -> dict[str, Any]:
     rates: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(rounds):
         for name in in_round_order(names, round_):
-            cores = available[:1] if name.startswith("one process") else available[:2]
-            rates[name].append(runs[name](cores))
+            workers, _, run = runs[name]
+            rates[name].append(run(available[:workers]))
             print(f"round {round_ + 1}: {name}: {rates[name][-1]:.0f} images/s", flush=True)
-    baseline = statistics.mean(rates[names[0]])
     rows = []
     for name in names:
-        mean = statistics.mean(rates[name])
-        workers = 1 if name.startswith("one process") else 2
-        per_round = [r / (workers * statistics.mean(rates[names[0]])) for r in rates[name]]
+        workers, baseline, _ = runs[name]
+        mean, one = statistics.mean(rates[name]), statistics.mean(rates[baseline])
         rows.append({"run": name, "rounds": len(rates[name]), "images/s": mean,
                      "range": f"{min(rates[name]):.0f}-{max(rates[name]):.0f}",
-                     "efficiency": mean / (workers * baseline),
-                     "efficiency per round": ", ".join(f"{e:.2f}" for e in per_round)})
+                     "efficiency": mean / (workers * one),
+                     "vs tfscale.train's one process": mean / (
+                         workers * statistics.mean(rates[TRAIN_ONE])),
+                     "efficiency per round": ", ".join(
+                         f"{r / (workers * one):.2f}" for r in rates[name])})
     return {"cpu": cpu_description(), "steps": STEPS, "rates": rates, "rows": rows}
 
 
 def report(result: dict[str, Any]) -> str:
     rows = {r["run"]: r for r in result["rows"]}
     lines = [table(result["rows"], ["run", "rounds", "images/s", "range", "efficiency",
-                                    "efficiency per round"]), "",
-             f"CPU: {result['cpu']}. Efficiency = the rate / (workers x the one-process rate).",
+                                    "efficiency per round", "vs tfscale.train's one process"]),
+             "",
+             f"CPU: {result['cpu']}. Rates are means over the rounds. Efficiency = the rate / "
+             "(workers x the rate of the same program in one process: tfscale.train's for "
+             "tfscale.train, the Horovod-style script's for the scripts).",
              ]
     for script, reference in (("Horovod-style script (tfscale.horovod)",
                                "tfscale.train --strategy=horovod --num_processes=2"),
