@@ -5,6 +5,8 @@ files."""
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -96,6 +98,49 @@ def test_a_window_of_only_the_compiled_step_has_no_rate_and_the_loss_is_averaged
     assert logger.window_loss == pytest.approx((3.0 + other_worker) / 2)
     assert describe_final_loss({"num_workers": 2, "config": {"log_every": 10}}) == (
         "final loss (last progress line: up to 10 steps, mean of 2 workers)")
+
+
+def _drive(logger: ProgressLogger, losses: np.ndarray) -> None:
+    """One epoch of ``len(losses)`` steps whose batch-mean losses are ``losses``."""
+    logger.set_model(SimpleNamespace(optimizer=SimpleNamespace(iterations=0, learning_rate=0.1)))
+    logger.set_params({"steps": len(losses)})
+    logger.on_train_begin()
+    logger.on_epoch_begin(0)
+    for batch in range(len(losses)):
+        logger.model.optimizer.iterations += 1
+        logger.on_train_batch_end(batch, {"loss": float(np.mean(losses[:batch + 1]))})
+
+
+def test_two_workers_mean_loss_is_one_process_loss_of_both_batches() -> None:
+    per_worker = np.random.default_rng(0).uniform(0.0, 3.0, (2, 7))  # batch-mean losses
+    barrier, sent = threading.Barrier(2, timeout=30), [0.0, 0.0]
+
+    def average_on(rank: int) -> Callable[[list[float]], list[float]]:  # a mean all-reduce
+        def average(values: list[float]) -> list[float]:
+            sent[rank] = values[0]
+            barrier.wait()
+            mean = (sent[0] + sent[1]) / 2
+            barrier.wait()
+            return [mean]
+        return average
+
+    windows: list[list[Window]] = [[], [], []]
+    workers = [ProgressLogger(7, 3, 8, average=average_on(r), listeners=[windows[r].append])
+               for r in range(2)]
+    threads = [threading.Thread(target=_drive, args=(workers[r], per_worker[r]))
+               for r in range(2)]
+    for thread in threads:
+        thread.start()
+    # One process, both batches: each step's loss is the mean of the two equal-sized batches'.
+    _drive(ProgressLogger(7, 3, 16, listeners=[windows[2].append]), per_worker.mean(axis=0))
+    for thread in threads:
+        thread.join(timeout=30)
+    assert [w.step for w in windows[2]] == [3, 6, 7]
+    for rank in range(2):
+        assert [w.step for w in windows[rank]] == [3, 6, 7]
+        np.testing.assert_allclose([w.loss for w in windows[rank]],
+                                   [w.loss for w in windows[2]], atol=1e-5)
+    assert workers[0].window_loss == pytest.approx(per_worker[:, 6].mean(), abs=1e-5)
 
 
 def test_step_summaries_write_every_tag_at_the_window_step(tmp_path: Path) -> None:
