@@ -204,3 +204,16 @@ def test_a_script_sets_up_once_and_prepare_uses_that_strategy() -> None:
             _prepare.setup(seed=6)
     finally:
         _prepare._close()
+
+
+def test_refuses_a_model_built_outside_a_tf_distribute_scope() -> None:
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    class Stub:
+        tf_strategy = TwoReplicas()
+
+    config = TrainConfig(model="net", strategy="multiworker")
+    with pytest.raises(ValueError, match=r"^tfscale.prepare: model 'net' was built outside "
+                       r"--strategy=multiworker's scope: call tfscale.setup\(\) before"):
+        _prepare._check_model(_model(), config, Stub())  # type: ignore[arg-type]
