@@ -139,11 +139,17 @@ class _Rank:
     def shard(self) -> Shard:
         return self._shard
 
+    def distribute_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.map(lambda batch: -batch)  # marks that the strategy got the batches
+
 
 def test_shards_datasets_and_arrays_evenly() -> None:
     second = _Rank(1, 2)
     data = tf.data.Dataset.range(7)
-    assert list(_prepare.shard_dataset(data, second).as_numpy_iterator()) == [1, 3, 5]  # type: ignore[arg-type]
+    assert list(_prepare.shard_dataset(data, strategy=second)  # type: ignore[arg-type]
+                .as_numpy_iterator()) == [1, 3, 5]
+    batched = _prepare.shard_dataset(data, batch_size=2, strategy=second)  # type: ignore[arg-type]
+    assert [b.tolist() for b in batched.as_numpy_iterator()] == [[-1, -3]]
     x, y = _prepare.shard_arrays(np.arange(7), np.arange(7) * 10, strategy=second)  # type: ignore[arg-type]
     # 7 rows over 2 workers: the 7th is dropped, so both have 3 and take 3 steps of 1.
     assert x.tolist() == [1, 3, 5] and y.tolist() == [10, 30, 50]

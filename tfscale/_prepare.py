@@ -314,14 +314,26 @@ def _restore(model: keras.Model, optimizer: keras.optimizers.Optimizer, strategy
     return step
 
 
-def shard_dataset(dataset: tf.data.Dataset, strategy: Strategy | None = None
-                  ) -> tf.data.Dataset:
-    """This worker's part of ``dataset``: every ``size``-th element from its rank on. Shard
-    before batching (then each worker batches its own) and before shuffling with a per-worker
-    seed; under ``multiworker`` mark the result with
-    :func:`tfscale.multiworker.per_worker_dataset` after batching."""
-    shard = (strategy or _current()).shard()
-    return dataset.shard(shard.count, shard.index) if shard.count > 1 else dataset
+def shard_dataset(dataset: tf.data.Dataset, batch_size: int = 0,
+                  strategy: Strategy | None = None) -> tf.data.Dataset:
+    """This worker's part of ``dataset``: every ``size``-th element from its rank on.
+
+    Args:
+        dataset: unbatched examples (shuffle after sharding, with a per-worker seed).
+        batch_size: this worker's batch; when given, the shard is batched (dropping a last,
+            smaller batch, which the other workers may not have) and handed to the strategy,
+            ready for ``fit`` (under ``multiworker`` it is marked as this worker's own, so that
+            Keras does not shard it again). Without it, batch the result yourself, and under
+            ``multiworker`` mark it with :func:`tfscale.multiworker.per_worker_dataset`.
+        strategy: default: :func:`setup`'s.
+    """
+    strategy = strategy or _current()
+    shard = strategy.shard()
+    if shard.count > 1:
+        dataset = dataset.shard(shard.count, shard.index)
+    if not batch_size:
+        return dataset
+    return strategy.distribute_dataset(dataset.batch(batch_size, drop_remainder=True))
 
 
 def shard_arrays(*arrays: np.ndarray, strategy: Strategy | None = None
