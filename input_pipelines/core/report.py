@@ -36,10 +36,11 @@ def _mib(n: float) -> str:
 class Progress:
     """A progress line for a job of ``total_items`` items and ``total_bytes`` bytes.
 
-    On a terminal the line is redrawn in place; otherwise (logs, launchers) a line is printed at
-    most every ``interval`` seconds, and always at the end. With ``inside`` (e.g. "samples"),
-    the line also counts what the items hold and its rate, for files whose number of images is
-    known only once read.
+    On a terminal the line is redrawn in place; otherwise (logs, launchers) a line is printed
+    every ``interval`` seconds, and always at the end. With ``inside`` (e.g. "samples"), the
+    line also counts what the items hold and its rate, for files whose number of images is
+    known only once read. Rates and the ETA are measured from the end of the first item, which
+    carries the start-up (a pool's processes import TensorFlow: seconds).
     """
 
     def __init__(self, label: str, total_items: int, total_bytes: int,
@@ -56,24 +57,35 @@ class Progress:
         self.stream = stream or sys.stderr
         self.interval = interval
         self.start = time.monotonic()
-        self._last = 0.0
+        self._last = self.start
+        self._first: tuple[float, int, int, int] | None = None  # (time, items, bytes, contents)
         self._tty = self.stream.isatty()
+        self._shown = ""
 
     def line(self) -> str:
         """The current state, e.g. ``staging: 3/8 files, 1.0/4.0 MiB, 2.5 MiB/s, ETA 0:00:03``
         or, without a byte total, ``writing out: 300/1797 images, 150.0 images/s, ETA 0:00:10``.
         """
-        elapsed = max(time.monotonic() - self.start, 1e-9)
+        now = time.monotonic()
+        elapsed = max(now - self.start, 1e-9)
+        measured = self._first is not None and self.items > self._first[1]
+        since = self._first if self._first is not None and measured else (self.start, 0, 0, 0)
+        span = max(now - since[0], 1e-9)
         if self.total_bytes:
+            rate = (self.bytes - since[2]) / span
             amount = (f"{_mib(self.bytes)}/{_mib(self.total_bytes)} MiB, "
-                      f"{_mib(self.bytes / elapsed)} MiB/s")
-            done = self.bytes / self.total_bytes
+                      f"{_mib(rate)} MiB/s")
+            done, left_over = self.bytes / self.total_bytes, self.total_bytes - self.bytes
         else:
-            amount = f"{self.items / elapsed:.1f} {self.unit}/s"
+            rate = (self.items - since[1]) / span
+            amount = f"{rate:.1f} {self.unit}/s"
             done = self.items / max(self.total_items, 1)
-        left = f"ETA {clock(elapsed * (1 - done) / done)}" if 0 < done < 1 else (
-            f"{clock(elapsed)} elapsed")
-        inside = (f", {self.contents} {self.inside} ({self.contents / elapsed:.1f} "
+            left_over = self.total_items - self.items
+        if done >= 1 or not done:
+            left = f"{clock(elapsed)} elapsed"
+        else:
+            left = f"ETA {clock(left_over / rate)}" if measured and rate > 0 else "ETA ?"
+        inside = (f", {self.contents} {self.inside} ({(self.contents - since[3]) / span:.1f} "
                   f"{self.inside}/s)" if self.inside else "")
         return (f"{self.label}: {self.items}/{self.total_items} {self.unit}{inside}, {amount}, "
                 f"{left}")
@@ -84,18 +96,22 @@ class Progress:
         self.bytes += nbytes
         self.items += items
         self.contents += contents
+        if self._first is None and self.items:
+            self._first = (time.monotonic(), self.items, self.bytes, self.contents)
         now = time.monotonic()
         if self._tty or now - self._last >= self.interval:
             self._last = now
             self._draw(final=False)
 
     def done(self) -> None:
-        """Prints the final line."""
+        """Prints the final line (in a log, unless the last line printed says the same)."""
         self._draw(final=True)
 
     def _draw(self, final: bool) -> None:
+        line = self.line()
         if self._tty:
             end = "\n" if final else ""
-            print(f"\r{self.line()}", end=end, file=self.stream, flush=True)
-        else:
-            print(self.line(), file=self.stream, flush=True)
+            print(f"\r{line}", end=end, file=self.stream, flush=True)
+        elif line != self._shown:
+            print(line, file=self.stream, flush=True)
+        self._shown = line
