@@ -165,3 +165,8 @@ def test_a_segmentation_export_crops_and_normalizes_as_evaluation(tmp_path: Path
     exported = np.concatenate([served.serve(r[None])["logits"].numpy() for r in raw])
     assert exported.shape == evaluated.shape == (3, 16, 16, 3)
     np.testing.assert_allclose(exported, evaluated, atol=1e-5, rtol=0)
+    # A second export replaces the first whole, leaving no temporary folder behind.
+    export_inference(model, tmp_path / "export", inference.preprocess, inference.dtype,
+                     inference.channels, {"task": inference.task, "second": True})
+    assert '"second": true' in (tmp_path / "export" / "inference.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "export"]
