@@ -152,6 +152,7 @@ def test_installed_commands_help_as_python_m_does(regular: tuple[Path, Path, Pat
     commands = {"tfscale-train": ("tfscale.train", "Train a registered model", "--model:"),
                 "tfscale-sweep": ("tfscale.sweep", "Sweep ``tfscale.train`` flags", "--grid:"),
                 "tfscale-forecast": ("tfscale.forecast", "time to accuracy", "--machine:"),
+                "tfscale-predict": ("tfscale.predict", "Predict with the model", "--top_k:"),
                 "tfscale-jobscript": ("launch.jobscript", "Write a ready job script", "LAUNCHER")}
     for name, (module, description, option) in commands.items():
         installed = _run([str(bin_dir / name), "--help"], project)

@@ -31,6 +31,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
 
+from tfscale import command  # noqa: E402
+
+# Before importing input_pipelines: python -m puts the user's directory, which may have a
+# package of that name, first on sys.path.
+command.own_top_level_packages()
+
 from input_pipelines.core.class_folders import IMAGE_SUFFIXES, check_signature  # noqa: E402
 from input_pipelines.core.errors import CorruptFileError  # noqa: E402
 from tfscale.errors import EXIT_USAGE, parse_flags  # noqa: E402
@@ -232,11 +238,9 @@ def main(argv: list[str]) -> int:
 
 
 def entry() -> None:
-    """The ``python -m tfscale.predict`` command."""
+    """The ``python -m tfscale.predict`` command (installed as ``tfscale-predict``)."""
     define_flags()
-    # --help lists this command's flags under the program absl was started as.
-    for flag in FLAGS.get_key_flags_for_module(define_flags.__module__):
-        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    command.absl_help("tfscale.predict", __doc__ or "", define_flags.__module__)
     app.run(main, flags_parser=parse_flags)
 
 
