@@ -443,7 +443,7 @@ def save_model(model: keras.Model, model_dir: Path, config: TrainConfig) -> None
             "task": inference.task, "step": cbs.optimizer_step(model),
             "image_size": inference.image_size, "classes": inference.classes,
             "classes_from": inference.classes_from, "num_classes": config.num_classes,
-            "preprocessing": inference.describe}
+            "preprocessing": inference.description}
     seconds = export_inference(plain, model_dir / EXPORT, inference.preprocess, inference.dtype,
                                inference.channels, info)
     rank_zero.log(f"exported for inference in {seconds:.1f} s: {model_dir / EXPORT} (predict "

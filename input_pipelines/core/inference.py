@@ -48,7 +48,7 @@ class Inference:
     preprocess: Callable[[tf.Tensor], tf.Tensor]
     classes: list[str] | None  # names by class index, when the data records them
     classes_from: str  # where the names came from ("" without names)
-    describe: str  # the preprocessing, in words
+    description: str  # the preprocessing, in words
 
 
 def for_run(config: TrainConfig) -> Inference | None:
@@ -84,13 +84,13 @@ def _images(config: TrainConfig, classes: list[str] | None, where: str) -> Infer
     def preprocess(raw: tf.Tensor) -> tf.Tensor:
         return eval_pixels(raw, size, preprocessing)
 
-    describe = (f"central crop of {preprocessing.eval_crop_fraction:g} of the shorter side, "
-                f"bilinear resize to {size}x{size}, (pixel - mean) / std with mean "
-                f"[{', '.join(f'{m:.2f}' for m in preprocessing.mean)}] and std "
-                f"[{', '.join(f'{s:.2f}' for s in preprocessing.std)}] "
-                f"(normalization={preprocessing.normalization})")
+    description = (f"central crop of {preprocessing.eval_crop_fraction:g} of the shorter "
+                   f"side, bilinear resize to {size}x{size}, (pixel - mean) / std with mean "
+                   f"[{', '.join(f'{m:.2f}' for m in preprocessing.mean)}] and std "
+                   f"[{', '.join(f'{s:.2f}' for s in preprocessing.std)}] "
+                   f"(normalization={preprocessing.normalization})")
     return Inference(CLASSIFICATION, "uint8", config.input_channels, size, preprocess,
-                     classes, where, describe)
+                     classes, where, description)
 
 
 def images(config: TrainConfig) -> Inference:
@@ -117,7 +117,7 @@ def samples(config: TrainConfig) -> Inference:
                                [None, size, size, config.input_channels])
         return per_channel_affine(tf.cast(crop, tf.float32), scale, offset)
 
-    describe = (f"central {size}x{size} crop, (value - mean) / std per channel with "
-                f"{os.path.join(folder, 'stats.json')}'s statistics")
+    description = (f"central {size}x{size} crop, (value - mean) / std per channel with "
+                   f"{os.path.join(folder, 'stats.json')}'s statistics")
     return Inference(SEGMENTATION, "float32", config.input_channels, size, preprocess, None, "",
-                     describe)
+                     description)
