@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,8 +86,11 @@ def test_strategy_from_an_installed_package_entry_point(
 
 
 ACME = '''"""Acme's strategies: a Horovod one and a TF_CONFIG one, named by entry points only."""
+from tfscale.options import Option
 from tfscale.strategies.horovod import HorovodStrategy
 from tfscale.strategies.multiworker import MultiWorkerStrategy
+
+SPREAD = Option("acme_spread", 1, "Acme: racks the workers spread over.", minimum=1)
 
 
 class AcmeHorovod(HorovodStrategy):
@@ -95,7 +99,28 @@ class AcmeHorovod(HorovodStrategy):
 
 class AcmeWorkers(MultiWorkerStrategy):
     """Acme's multi-worker strategy."""
+
+    options = (*MultiWorkerStrategy.options, SPREAD)
+
+    @classmethod
+    def environment(cls, config):
+        return {**super().environment(config), "ACME_SPREAD": str(SPREAD.of(config))}
 '''
+
+# In a worker's process: the flags of a job's command line, back into the strategy.
+WORKER = """
+import json, sys
+from absl import flags
+from tfscale.flags import argv_from_config, config_from_flags, define_flags
+from tfscale.strategies import create
+from acme_strategies import SPREAD
+values = flags.FlagValues()
+define_flags(values)
+values(["train", *sys.argv[1:]])
+strategy = create(config_from_flags(values))
+print(json.dumps({"spread": SPREAD.of(strategy.config), "class": type(strategy).__name__,
+                  "argv": argv_from_config(strategy.config), "help": values.get_help()}))
+"""
 
 
 @pytest.fixture
@@ -137,6 +162,33 @@ def test_plugin_strategy_gets_job_scripts_from_its_class(tmp_path: Path,
     ddlrun = jobscript("ddlrun", "-H", "h1,h2", "--accelerators=2", "--", "--strategy=acme_hvd")
     assert ddlrun.returncode == 0, ddlrun.stderr
     assert "--strategy=acme_hvd" in ddlrun.stdout and "    -np 4 \\" in ddlrun.stdout
+
+
+def test_plugin_strategy_brings_its_own_option(tmp_path: Path, acme: dict[str, str]) -> None:
+    def jobscript(*train_flags: str) -> subprocess.CompletedProcess[str]:
+        return run_process([sys.executable, "-m", "launch.jobscript", "slurm", "--nodes=2",
+                            "--ranks_per_node=2", "-o", str(tmp_path / "job"), "--",
+                            "--model=mlp", *train_flags], timeout=120, env=acme)
+
+    proc = jobscript("--strategy=acme_workers", "--acme_spread=3")
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "job").read_text()
+    assert 'export ACME_SPREAD="${ACME_SPREAD:-3}"' in text and "--acme_spread=3" in text
+    refused = jobscript("--strategy=horovod", "--acme_spread=3")
+    assert refused.returncode == 2
+    assert "--acme_spread only applies to --strategy=acme_workers" in refused.stderr
+    bad = jobscript("--strategy=acme_workers", "--acme_spread=0")
+    assert bad.returncode == 2
+    assert "--acme_spread=0 is not valid; expected a value >= 1" in bad.stderr
+    worker = run_process([sys.executable, "-c", WORKER, "--strategy=acme_workers",
+                          "--acme_spread=3"], timeout=120, env=acme)
+    assert worker.returncode == 0, worker.stderr
+    found = json.loads(worker.stdout)
+    assert found["spread"] == 3 and found["class"] == "AcmeWorkers"
+    assert "--acme_spread=3" in found["argv"] and "--cpu_replicas=0" not in found["argv"]
+    assert ("options of --strategy=acme_workers:\n  --acme_spread: Acme: racks the workers "
+            "spread over.") in found["help"]
+    assert "options of --strategy=acme_hvd|ddl|horovod:\n" in found["help"]
 
 
 def test_plugin_strategy_in_a_sweep(tmp_path: Path, acme: dict[str, str]) -> None:

@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfscale import rank_zero
-from tfscale.config import TrainConfig
+from tfscale.config import TrainConfig, config_names
 from tfscale.runtime import POLICIES, configure_runtime, resolve_precision
 from tfscale.strategies import Strategy, create
 from tfscale.strategies.environment import launched_strategy
@@ -139,7 +139,7 @@ def _config(caller: str, **fields: Any) -> TrainConfig:
     Raises:
         ValueError: one line, naming ``caller`` and the option.
     """
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = set(config_names())
     unknown = sorted(set(fields) - names)
     if unknown:
         raise ValueError(f"{caller}: unknown option {unknown[0]!r}; options are "
@@ -232,7 +232,7 @@ def prepare(model: keras.Model, optimizer: keras.optimizers.Optimizer | str | No
                             **({} if precision is None else {"precision": precision}))
     requested = precision if precision not in (None, "auto") else strategy.config.precision
     config = _config("tfscale.prepare", **{
-        **dataclasses.asdict(strategy.config), "precision": requested,
+        **strategy.config.to_dict(), "precision": requested,
         # Errors name the user's model, not tfscale.train's default one.
         **({"model": model.name} if own else {}),
         "grad_accum_steps": grad_accum_steps, "sync_bn": sync_bn, "sync_bn_group": sync_bn_group,

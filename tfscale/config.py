@@ -4,17 +4,26 @@ Flags (``tfscale/flags.py``) are turned into one :class:`TrainConfig` at the ent
 code takes this object and never reads absl ``FLAGS``. Validation here covers values that can be
 checked without importing TensorFlow, the strategy's own flags included (its class says which
 they are); model and dataset names are checked against the registries by
-:func:`tfscale.plugins.validate_names`.
+:func:`tfscale.plugins.validate_names`. A strategy's own options (``--fusion_threshold_mb``,
+``--cpu_replicas``, a plugin's) are declared in its file (:mod:`tfscale.options`) and held in
+:attr:`TrainConfig.options`; the constructor, :meth:`TrainConfig.replace` and
+:meth:`TrainConfig.to_dict` take and give them by name beside the fields, as the flags do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
+from collections.abc import Mapping
 from typing import Any
 
-from tfscale.strategies import DEFAULT_STRATEGY, check_config
+from tfscale.options import Options
+from tfscale.strategies import (
+    DEFAULT_STRATEGY,
+    check_config,
+    declared_options,
+    strategy_options,
+)
 
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16", "auto")
 XLA_MODES = ("off", "jit", "auto")
@@ -22,16 +31,22 @@ LR_SCALINGS = ("none", "linear")
 LR_SCHEDULES = ("constant", "cosine", "step", "polynomial")
 OPTIMIZERS = ("sgd", "nesterov", "adamw", "lamb", "lars", "larc")
 LARC_MODES = ("clip", "scale")
-COLLECTIVES = ("auto", "ring", "nccl")
-NODE_EXCHANGES = ("auto", "shared_memory", "collectives")
 AUGMENTS = ("auto", "imagenet", "small", "flip", "none")
 FLIP_MODES = ("auto", "on", "off")
 NORMALIZATIONS = ("auto", "imagenet", "dataset", "none")
 
+#: The fields with a fixed set of values: the one table that validation and the flags read.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "precision": PRECISIONS, "xla": XLA_MODES, "lr_scaling": LR_SCALINGS,
+    "lr_schedule": LR_SCHEDULES, "optimizer": OPTIMIZERS, "larc_mode": LARC_MODES,
+    "augment": AUGMENTS, "horizontal_flip": FLIP_MODES, "normalization": NORMALIZATIONS,
+}
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, init=False)
 class TrainConfig:
-    """Everything one training run needs. Build it with keyword arguments; it validates itself."""
+    """Everything one training run needs. Build it with keyword arguments (fields and the
+    strategies' options by name, or ``options={...}``); it validates itself."""
 
     # What to train.
     model: str = "resnet50"
@@ -93,19 +108,10 @@ class TrainConfig:
     sync_bn: bool = False
     sync_bn_group: int = 0
     recompute: bool = False
-    # Distribution.
-    cpu_replicas: int = 0
-    collective: str = "auto"
+    # Distribution (the strategies' own options are in ``options``).
     collective_timeout_s: float = 0.0
-    ddl_local_size: int = 0
-    node_exchange: str = "auto"
-    fp16_allreduce: bool = False
-    fusion_threshold_mb: float = -1.0
-    cycle_time_ms: float = -1.0
     # Looking inside a step.
     profile_steps: str = ""
-    horovod_timeline: bool = False
-    horovod_autotune: bool = False
     # Output and reliability.
     model_dir: str = ""
     checkpoint_every: int = 0
@@ -114,8 +120,16 @@ class TrainConfig:
     seed: int = 0
     tensorboard: bool = True
     allow_config_change: bool = False
+    # The strategies' own options by name (declared in their files; see tfscale.options).
+    options: Options = dataclasses.field(default_factory=Options)
 
-    def __post_init__(self) -> None:
+    def __init__(self, options: Mapping[str, Any] | None = None, **values: Any) -> None:
+        for field in dataclasses.fields(self):
+            if field.name != "options":
+                object.__setattr__(self, field.name, values.pop(field.name, field.default))
+        # What is not a field is an option: the strategy's own get their defaults.
+        object.__setattr__(self, "options",
+                           strategy_options(self.strategy, {**(options or {}), **values}))
         validate(self)
         if not self.model_dir:
             object.__setattr__(self, "model_dir", self.default_model_dir)
@@ -126,12 +140,15 @@ class TrainConfig:
         return f"runs/{self.model}-{self.dataset}-{self.strategy}"
 
     def replace(self, **changes: Any) -> TrainConfig:
-        """A copy with ``changes`` applied (and validated)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (fields and options by name) applied (and validated)."""
+        return TrainConfig(**{**self.to_dict(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form, as written into results.json."""
-        return dataclasses.asdict(self)
+        """Plain-JSON form, fields and options by name, as written into results.json (and
+        turned back into flags for workers)."""
+        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                  if field.name != "options"}
+        return {**values, **self.options}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -157,19 +174,16 @@ class TrainConfig:
         return steps
 
     @property
-    def horovod_timeline_path(self) -> str:
-        """Where ``--horovod_timeline`` writes Horovod's timeline (chrome://tracing JSON)."""
-        return os.path.join(self.model_dir, "horovod_timeline.json")
-
-    @property
-    def horovod_autotune_log(self) -> str:
-        """Where ``--horovod_autotune`` logs each setting it tried and its score (CSV)."""
-        return os.path.join(self.model_dir, "horovod_autotune.csv")
-
-    @property
     def decay_boundaries(self) -> tuple[int, ...]:
         """``lr_decay_steps`` parsed as step boundaries for the ``step`` schedule."""
         return _parse_ints(self.lr_decay_steps, "lr_decay_steps")
+
+
+def config_names() -> list[str]:
+    """The names a config takes (its flags): the fields, then every registered strategy's
+    options (plugins included)."""
+    fields = [field.name for field in dataclasses.fields(TrainConfig) if field.name != "options"]
+    return [*fields, *declared_options()]
 
 
 def _parse_ints(text: str, name: str) -> tuple[int, ...]:
@@ -201,28 +215,16 @@ def validate(cfg: TrainConfig) -> None:
     Raises:
         ValueError: naming the flag, the bad value and what is expected.
     """
-    for name, choices in (
-        ("precision", PRECISIONS),
-        ("xla", XLA_MODES),
-        ("lr_scaling", LR_SCALINGS),
-        ("lr_schedule", LR_SCHEDULES),
-        ("optimizer", OPTIMIZERS),
-        ("larc_mode", LARC_MODES),
-        ("collective", COLLECTIVES),
-        ("node_exchange", NODE_EXCHANGES),
-        ("augment", AUGMENTS),
-        ("horizontal_flip", FLIP_MODES),
-        ("normalization", NORMALIZATIONS),
-    ):
+    for name, choices in CHOICES.items():
         _choice(cfg, name, choices)
     for name in ("num_processes", "batch_size", "epochs", "image_size", "input_channels",
                  "keep_checkpoints", "log_every", "grad_accum_steps"):
         _at_least(cfg, name, 1)
     _at_least(cfg, "num_classes", 2)
-    for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every", "cpu_replicas",
-                 "ddl_local_size", "intra_op_threads", "inter_op_threads", "prefetch",
-                 "shuffle_buffer", "weight_decay", "momentum", "collective_timeout_s",
-                 "label_smoothing", "lars_eta", "eval_every", "sync_bn_group", "max_restarts"):
+    for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every",
+                 "intra_op_threads", "inter_op_threads", "prefetch", "shuffle_buffer",
+                 "weight_decay", "momentum", "collective_timeout_s", "label_smoothing",
+                 "lars_eta", "eval_every", "sync_bn_group", "max_restarts"):
         _at_least(cfg, name, 0)
     if cfg.max_restarts and cfg.num_processes == 1:
         raise ValueError(f"--max_restarts={cfg.max_restarts} restarts the workers that "

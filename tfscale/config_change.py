@@ -19,7 +19,7 @@ from typing import Any
 from tfscale.checkpointing import CheckpointManager
 from tfscale.config import TrainConfig
 from tfscale.files import write_json_atomic
-from tfscale.strategies import STRATEGIES
+from tfscale.strategies import declared_options
 
 SAVED = "config.json"
 RESULTS = "results.json"  # runs from before config.json kept their config only there
@@ -28,18 +28,20 @@ RESULTS = "results.json"  # runs from before config.json kept their config only 
 # many workers it runs (resuming on another world size and strategy is supported), and compute
 # settings that leave what is trained alone.
 MAY_CHANGE = frozenset({
-    "num_processes", "max_restarts", "strategy", "cpu_replicas", "ddl_local_size", "node_exchange",
-    "collective_timeout_s", "steps", "epochs", "validation_steps", "eval_every", "eval_only",
+    "num_processes", "max_restarts", "strategy", "collective_timeout_s", "steps", "epochs",
+    "validation_steps", "eval_every", "eval_only",
     "target_metric", "prefetch", "cache", "stage_dir", "skip_corrupt", "intra_op_threads",
     "inter_op_threads", "cpu_binding", "xla", "tf32", "cudnn_autotune", "recompute",
-    "profile_steps", "horovod_timeline", "horovod_autotune", "model_dir", "checkpoint_every",
+    "profile_steps", "model_dir", "checkpoint_every",
     "keep_checkpoints", "log_every", "tensorboard", "allow_config_change",
 })
 
 
 def may_change() -> frozenset[str]:
-    """:data:`MAY_CHANGE` and every registered strategy's tuning flags."""
-    return MAY_CHANGE.union(*(entry.obj.tuning_flags for entry in STRATEGIES))
+    """:data:`MAY_CHANGE` and every registered strategy's options that leave what is trained
+    alone (``Option.changes_training`` False)."""
+    return MAY_CHANGE.union(option.name for option in declared_options().values()
+                            if not option.changes_training)
 
 
 def saved_config(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -1,7 +1,8 @@
 """All absl flags of ``python -m tfscale.train``, and their conversion into a TrainConfig.
 
 Flags mirror :class:`tfscale.config.TrainConfig` one to one: a flag is defined per config field,
-with the field's default and the help text below, so the two cannot drift apart. Only the entry
+with the field's default and the help text below, and per option that a strategy declares in its
+own file (:mod:`tfscale.options`), so the two cannot drift apart. Only the entry
 point reads ``FLAGS``; it calls :func:`config_from_flags`.
 """
 
@@ -16,6 +17,7 @@ from absl import flags
 from tfscale import config as cfg_mod
 from tfscale import cpu_binding
 from tfscale.config import TrainConfig
+from tfscale.strategies import Strategy, declared_options, strategies_that
 
 HELP: dict[str, str] = {
     "model": "Model to train (see --list).",
@@ -118,36 +120,11 @@ HELP: dict[str, str] = {
     "recompute": "Activation recomputation: keep only each block's inputs (ResNet bottlenecks, "
     "DeepLabV3+ blocks, Tiramisu dense blocks) in the forward pass and recompute the rest in the "
     "backward pass: less memory for more compute. See docs/LARGE_BATCH.md.",
-    "cpu_replicas": "mirrored on CPU: split the CPU into N logical devices (replicas).",
-    "collective": "multiworker collective implementation.",
     "collective_timeout_s": "Collective timeout in seconds; a dead peer raises instead of hanging, "
     "and a worker none of whose steps ends for this long (a peer or its link lost mid-"
     "collective) exits with code 4 (0 = library default, no watchdog).",
-    "ddl_local_size": "ddl: processes per node, overriding the launcher's host list.",
-    "node_exchange": "horovod, ddl, multiworker: how the processes of one node exchange "
-    "gradients. shared_memory: through a /dev/shm segment (x86-64, CPU workers): the whole "
-    "all-reduce for horovod and multiworker when every worker is on one node, the node phases "
-    "of ddl's hierarchical all-reduce; collectives: the strategy's own transport (Horovod's "
-    "Gloo/MPI, TensorFlow's gRPC ring). auto: shared_memory where it applies (CPU-only x86-64 "
-    "workers on one node for horovod, inside each node for ddl and multi-node horovod), else "
-    "collectives. --ddl_node_exchange is the old name.",
-    "fp16_allreduce": "Horovod: compress gradients to float16 for the all-reduce.",
-    "fusion_threshold_mb": "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
-    "cycle_time_ms": "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else, on "
-    "workers without a GPU (Horovod's 1 ms wake-ups slow CPU steps), 50 ms when all ranks run "
-    "on one node and exchange through shared memory (Horovod then carries no collective during "
-    "training) and 5 ms otherwise, unless --sync_bn (whose per-layer sums each wait for a "
-    "cycle); else Horovod's default.",
     "profile_steps": "A:B traces training steps A to B (1-based, inclusive) with TensorFlow's "
     "profiler on the chief, into MODEL_DIR/tensorboard (TensorBoard's profile tab). Empty: off.",
-    "horovod_timeline": "Write Horovod's timeline of every collective (negotiation, fusion, "
-    "all-reduce) to MODEL_DIR/horovod_timeline.json, for chrome://tracing or Perfetto. Horovod "
-    "strategies only; with --node_exchange=auto the gradients then go through Horovod, not "
-    "shared memory, so that the timeline shows them.",
-    "horovod_autotune": "Let Horovod's autotuner search the fusion buffer, cycle time and "
-    "hierarchical settings while training; each setting tried and its score go to "
-    "MODEL_DIR/horovod_autotune.csv. Horovod strategies only; with --node_exchange=auto the "
-    "gradients then go through Horovod, whose settings it tunes.",
     "model_dir": "Where checkpoints, logs, results.json and model.keras go (default "
     "runs/MODEL-DATASET-STRATEGY). An existing checkpoint there is resumed.",
     "checkpoint_every": "Checkpoint every N steps (0 = at the end of each epoch).",
@@ -161,28 +138,16 @@ HELP: dict[str, str] = {
     "and performance flags may always change.",
 }
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "precision": cfg_mod.PRECISIONS,
-    "xla": cfg_mod.XLA_MODES,
-    "lr_scaling": cfg_mod.LR_SCALINGS,
-    "lr_schedule": cfg_mod.LR_SCHEDULES,
-    "optimizer": cfg_mod.OPTIMIZERS,
-    "larc_mode": cfg_mod.LARC_MODES,
-    "collective": cfg_mod.COLLECTIVES,
-    "node_exchange": cfg_mod.NODE_EXCHANGES,
-    "augment": cfg_mod.AUGMENTS,
-    "horizontal_flip": cfg_mod.FLIP_MODES,
-    "normalization": cfg_mod.NORMALIZATIONS,
-}
-
 # Old flag names that still work: alias -> flag.
 ALIASES = {"ddl_node_exchange": "node_exchange"}
 
-FIELDS = [f for f in dataclasses.fields(TrainConfig)]
+FIELDS = [f for f in dataclasses.fields(TrainConfig) if f.name != "options"]
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Defines one absl flag per TrainConfig field on ``flag_values`` (idempotent)."""
+    """Defines one absl flag per TrainConfig field, and one per option that a registered
+    strategy declares (in ``--helpfull``, a group per set of strategies that read it), on
+    ``flag_values`` (idempotent)."""
     if "model" in flag_values:
         return
     fv = flag_values
@@ -191,8 +156,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     for field in FIELDS:
         name, default = field.name, cast(Any, field.default)
         helptext = HELP[name]
-        if name in CHOICES:
-            helptext = f"{helptext} One of: {', '.join(CHOICES[name])}."
+        if name in cfg_mod.CHOICES:
+            helptext = f"{helptext} One of: {', '.join(cfg_mod.CHOICES[name])}."
             flags.DEFINE_string(name, default, helptext, flag_values=fv)
         elif isinstance(default, bool):
             flags.DEFINE_bool(name, default, helptext, flag_values=fv)
@@ -202,8 +167,15 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
             flags.DEFINE_float(name, default, helptext, flag_values=fv)
         else:
             flags.DEFINE_string(name, default, helptext, flag_values=fv)
+    for option in declared_options().values():
+        readers = strategies_that(_reads(option.name))
+        option.define(fv, f"options of --strategy={'|'.join(readers)}")
     for alias, name in ALIASES.items():
         flags.DEFINE_alias(alias, name, flag_values=fv)
+
+
+def _reads(name: str) -> Callable[[type[Strategy]], bool]:
+    return lambda cls: name in cls.flags()
 
 
 def config_from_flags(values: flags.FlagValues,
@@ -219,7 +191,7 @@ def config_from_flags(values: flags.FlagValues,
     Raises:
         ValueError: for any invalid value (see :func:`tfscale.config.validate`).
     """
-    kwargs: dict[str, Any] = {f.name: values[f.name].value for f in FIELDS}
+    kwargs: dict[str, Any] = {name: values[name].value for name in cfg_mod.config_names()}
     if kwargs["data_dir"] and not values["dataset"].present and choose_dataset is not None:
         kwargs["dataset"] = choose_dataset(kwargs["data_dir"], kwargs["model"])
     if kwargs["data_dir"] and not values["steps"].present:

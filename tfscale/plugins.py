@@ -124,7 +124,7 @@ def _warn_ignored_tuning_flags(config: TrainConfig) -> None:
     """Warns when another strategy's tuning flags (Horovod's communication knobs, say) are
     given to a strategy that ignores them; one warning per group of strategies."""
     groups: dict[tuple[str, ...], list[str]] = {}
-    for flag, readers in unread_flags(config, "tuning_flags").items():
+    for flag, readers in unread_flags(config, "tuning").items():
         groups.setdefault(tuple(readers), []).append(f"--{flag}")
     for group, given in groups.items():
         warnings.warn(f"{', '.join(given)} only affect the strategies that read them "

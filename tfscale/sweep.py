@@ -66,9 +66,9 @@ def parse_grid(specs: Sequence[str]) -> list[Point]:
     Raises:
         ValueError: for a malformed axis, a repeated flag, or a flag tfscale.train lacks.
     """
-    from tfscale.flags import FIELDS
+    from tfscale.config import config_names
 
-    known = {f.name for f in FIELDS}
+    known = set(config_names())
     axes: list[tuple[str, list[str]]] = []
     for spec in specs:
         name, sep, values = spec.partition("=")

@@ -32,10 +32,11 @@ import contextlib
 import enum
 import platform
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from tfscale.options import Option
 from tfscale.shard import Shard
 
 if TYPE_CHECKING:
@@ -82,10 +83,12 @@ class Strategy(abc.ABC):
             ``--gpus_per_rank`` > 1).
         job_launchers: the job-script generators that can start it (``python -m
             launch.jobscript LAUNCHER``); ``"ddlrun"`` marks a strategy for the ddlrun front end.
-        owned_flags: config fields that mean nothing to other strategies: setting one under
-            another strategy is an error.
-        tuning_flags: performance knobs only this strategy reads: setting one under another
-            strategy warns that it is ignored.
+        owned_flags: general config fields that mean nothing to other strategies: setting
+            one under another strategy is an error.
+        options: the strategy's own options (:class:`tfscale.options.Option`), declared in
+            its file: flags, ``--helpfull``'s group, job-script checks and ``config.options``
+            come from them. A non-tuning one is refused under other strategies; a tuning one
+            warns there that it is ignored.
     """
 
     launcher: ClassVar[Launcher] = Launcher.NONE
@@ -93,7 +96,7 @@ class Strategy(abc.ABC):
     one_rank_per_gpu: ClassVar[bool] = False
     job_launchers: ClassVar[frozenset[str]] = ALL_JOB_LAUNCHERS
     owned_flags: ClassVar[tuple[str, ...]] = ()
-    tuning_flags: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[tuple[Option[Any], ...]] = ()
     # What carries the gradients inside and across nodes, once set up (exchange() says it).
     exchange_plan: ExchangePlan | None = None
 
@@ -106,9 +109,19 @@ class Strategy(abc.ABC):
         return cls.launcher != Launcher.NONE
 
     @classmethod
+    def owned(cls) -> tuple[str, ...]:
+        """The flags that are errors under other strategies: owned fields, non-tuning options."""
+        return (*cls.owned_flags, *(o.name for o in cls.options if not o.tuning))
+
+    @classmethod
+    def tuning(cls) -> tuple[str, ...]:
+        """The performance knobs that other strategies ignore with a warning."""
+        return tuple(o.name for o in cls.options if o.tuning)
+
+    @classmethod
     def flags(cls) -> tuple[str, ...]:
-        """The strategy-specific config fields it reads (owned and tuning flags)."""
-        return (*cls.owned_flags, *cls.tuning_flags)
+        """The strategy-specific flags it reads (owned fields and options)."""
+        return (*cls.owned_flags, *(o.name for o in cls.options))
 
     @classmethod
     def validate_config(cls, config: TrainConfig) -> None:

@@ -30,12 +30,17 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
-from tfscale.strategies.horovod import HorovodStrategy
+from tfscale.options import Option
+from tfscale.strategies.horovod import FP16_ALLREDUCE, HorovodStrategy
 
 if TYPE_CHECKING:
     import keras
 
     from tfscale.config import TrainConfig
+
+DDL_LOCAL_SIZE = Option("ddl_local_size", 0,
+                        "ddl: processes per node, overriding the launcher's host list.",
+                        minimum=0)
 
 # The name the ddlrun front end of launch.jobscript gives ``--strategy`` when none is given.
 DDL_STRATEGY = "ddl"
@@ -44,12 +49,12 @@ DDL_STRATEGY = "ddl"
 class DDLStrategy(HorovodStrategy):
     """IBM DDL's model on Horovod: learners, DDL callbacks, hierarchical all-reduce."""
 
-    owned_flags = (*HorovodStrategy.owned_flags, "ddl_local_size")
+    options = (*HorovodStrategy.options, DDL_LOCAL_SIZE)
 
     @classmethod
     def ranks_per_node(cls, config: TrainConfig) -> int:
         # --ddl_local_size regroups the local workers into simulated nodes of that many.
-        return config.ddl_local_size or config.num_processes
+        return DDL_LOCAL_SIZE.of(config) or config.num_processes
 
     def setup(self) -> None:
         # Horovod must start with dynamic process sets (registered once the nodes are known),
@@ -58,9 +63,12 @@ class DDLStrategy(HorovodStrategy):
         start_horovod()
         super().setup()
 
+    def _node_group_size(self) -> int:
+        return DDL_LOCAL_SIZE.of(self.config)
+
     def gradient_reduction(self) -> HierarchicalAllReduce:
         reduce = HierarchicalAllReduce.create(
-            self.config.ddl_local_size, compression=self.config.fp16_allreduce,
+            DDL_LOCAL_SIZE.of(self.config), compression=FP16_ALLREDUCE.of(self.config),
             node_exchange_mode=self.node_exchange_mode(),
             timeout_s=self.config.collective_timeout_s)
         self.exchange_plan = reduce.plan

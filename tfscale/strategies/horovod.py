@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -35,13 +35,46 @@ from tfscale.collectives.exchange import (
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
 from tfscale.collectives.horovod import HorovodCollectives, check_installed
 from tfscale.collectives.optimizer import DistributedOptimizer, with_gradient_reduction
+from tfscale.options import Option
 from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
+from tfscale.strategies.node_exchange import NODE_EXCHANGE
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
     from tfscale.config import TrainConfig
+
+# Where --horovod_timeline and --horovod_autotune write, in the model_dir.
+TIMELINE_FILE = "horovod_timeline.json"
+AUTOTUNE_FILE = "horovod_autotune.csv"
+
+# Horovod's knobs: performance only, so another strategy given them warns and goes on.
+FP16_ALLREDUCE = Option("fp16_allreduce", False,
+                        "Horovod: compress gradients to float16 for the all-reduce.",
+                        tuning=True)
+FUSION_THRESHOLD_MB = Option("fusion_threshold_mb", -1.0,
+                             "Horovod tensor-fusion buffer in MiB (-1 = Horovod's default).",
+                             tuning=True)
+CYCLE_TIME_MS = Option(
+    "cycle_time_ms", -1.0,
+    "Horovod cycle time in ms. -1: HOROVOD_CYCLE_TIME if set, else, on workers without a GPU "
+    "(Horovod's 1 ms wake-ups slow CPU steps), 50 ms when all ranks run on one node and exchange "
+    "through shared memory (Horovod then carries no collective during training) and 5 ms "
+    "otherwise, unless --sync_bn (whose per-layer sums each wait for a cycle); else Horovod's "
+    "default.", tuning=True)
+HOROVOD_TIMELINE = Option(
+    "horovod_timeline", False,
+    f"Write Horovod's timeline of every collective (negotiation, fusion, all-reduce) to "
+    f"MODEL_DIR/{TIMELINE_FILE}, for chrome://tracing or Perfetto. Horovod strategies only; "
+    "with --node_exchange=auto the gradients then go through Horovod, not shared memory, so "
+    "that the timeline shows them.", tuning=True)
+HOROVOD_AUTOTUNE = Option(
+    "horovod_autotune", False,
+    "Let Horovod's autotuner search the fusion buffer, cycle time and hierarchical settings "
+    f"while training; each setting tried and its score go to MODEL_DIR/{AUTOTUNE_FILE}. "
+    "Horovod strategies only; with --node_exchange=auto the gradients then go through Horovod, "
+    "whose settings it tunes.", tuning=True)
 
 
 def gpu_for_local_rank(local_rank: int, num_gpus: int) -> int | None:
@@ -103,19 +136,21 @@ class HorovodStrategy(Strategy):
     job_launchers = ALL_JOB_LAUNCHERS | {"ddlrun"}
     # The lag lives in the optimizer's gradient exchange, which only these strategies own;
     # tf.distribute's all-reduce runs inside Keras's step, where it cannot be deferred.
-    owned_flags: ClassVar[tuple[str, ...]] = ("gradient_lag", "node_exchange")
-    tuning_flags = ("fp16_allreduce", "fusion_threshold_mb", "cycle_time_ms",
-                    "horovod_timeline", "horovod_autotune")
+    owned_flags: ClassVar[tuple[str, ...]] = ("gradient_lag",)
+    options: ClassVar[tuple[Option[Any], ...]] = (
+        NODE_EXCHANGE, FP16_ALLREDUCE, FUSION_THRESHOLD_MB, CYCLE_TIME_MS, HOROVOD_TIMELINE,
+        HOROVOD_AUTOTUNE)
 
     @classmethod
     def environment(cls, config: TrainConfig) -> dict[str, str]:
         """Horovod's variables for the config's communication flags (the only place they are
         built: job scripts export them, ``setup`` applies them)."""
         env: dict[str, str] = {}
-        if config.fusion_threshold_mb >= 0:
-            env["HOROVOD_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
-        if config.cycle_time_ms >= 0:
-            env["HOROVOD_CYCLE_TIME"] = f"{config.cycle_time_ms:g}"
+        fusion_mb, cycle_ms = FUSION_THRESHOLD_MB.of(config), CYCLE_TIME_MS.of(config)
+        if fusion_mb >= 0:
+            env["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_mb * 1024 * 1024))
+        if cycle_ms >= 0:
+            env["HOROVOD_CYCLE_TIME"] = f"{cycle_ms:g}"
         if config.collective_timeout_s:
             # A rank that stops submitting tensors (stuck or dead) shuts the job down instead
             # of hanging it; Gloo's own socket timeout covers a peer that vanishes mid-transfer.
@@ -123,11 +158,11 @@ class HorovodStrategy(Strategy):
             env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, timeout // 2))
             env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(timeout)
             env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(timeout)
-        if config.horovod_timeline:
-            env["HOROVOD_TIMELINE"] = config.horovod_timeline_path
-        if config.horovod_autotune:
+        if HOROVOD_TIMELINE.of(config):
+            env["HOROVOD_TIMELINE"] = os.path.join(config.model_dir, TIMELINE_FILE)
+        if HOROVOD_AUTOTUNE.of(config):
             env["HOROVOD_AUTOTUNE"] = "1"
-            env["HOROVOD_AUTOTUNE_LOG"] = config.horovod_autotune_log
+            env["HOROVOD_AUTOTUNE_LOG"] = os.path.join(config.model_dir, AUTOTUNE_FILE)
         return env
 
     @classmethod
@@ -138,7 +173,7 @@ class HorovodStrategy(Strategy):
             raise ValueError(str(err)) from None
 
     def setup(self) -> None:
-        if self.config.horovod_timeline or self.config.horovod_autotune:
+        if HOROVOD_TIMELINE.of(self.config) or HOROVOD_AUTOTUNE.of(self.config):
             # Horovod opens its timeline and autotune log in hvd.init(), in an existing folder.
             os.makedirs(self.config.model_dir, exist_ok=True)
         self.apply_environment()
@@ -167,7 +202,7 @@ class HorovodStrategy(Strategy):
         if reduce is None:
             return None
         # Transient: the optimizer applies the reduced gradients within the step.
-        return transient(reduce, self.config.fp16_allreduce, "tfscale.horovod")
+        return transient(reduce, FP16_ALLREDUCE.of(self.config), "tfscale.horovod")
 
     def _several_nodes(self) -> bool:
         """Whether, by the launcher's variables, the ranks of this job span several nodes."""
@@ -180,7 +215,7 @@ class HorovodStrategy(Strategy):
         ``--sync_bn`` is off (call before Horovod starts: it reads them once)."""
         os.environ.update(self.environment(self.config))
         # Not with --sync_bn: its per-layer sums run one after another, each waiting for a cycle.
-        if (self.config.cycle_time_ms < 0 and "HOROVOD_CYCLE_TIME" not in os.environ
+        if (CYCLE_TIME_MS.of(self.config) < 0 and "HOROVOD_CYCLE_TIME" not in os.environ
                 and not self.config.sync_bn and not _has_gpu()):
             self._long_cycle = self._one_node_shared_memory()
             cycle = SHARED_MEMORY_CYCLE_TIME_MS if self._long_cycle else CPU_CYCLE_TIME_MS
@@ -190,20 +225,24 @@ class HorovodStrategy(Strategy):
         """Whether, by the launcher's variables, every rank runs on this node (no
         ``--ddl_local_size`` groups) and ``--node_exchange`` will take shared memory: then
         Horovod carries only start-up collectives."""
-        groups = self.config.ddl_local_size
+        groups = self._node_group_size()
         if 0 < groups < cluster_env.this_process().size:
             return False
         return one_node_shared_memory(self.node_exchange_mode())
+
+    def _node_group_size(self) -> int:
+        """Processes per node when the strategy regroups the ranks itself (0: it does not)."""
+        return 0
 
     def node_exchange_mode(self) -> str:
         """``--node_exchange``, where ``auto`` keeps Horovod's transport when Horovod's timeline
         or autotuner is on: they record and tune Horovod's collectives, and shared memory would
         leave Horovod none during training."""
         config = self.config
-        if config.node_exchange == "auto" and (config.horovod_timeline
-                                               or config.horovod_autotune):
+        mode = NODE_EXCHANGE.of(config)
+        if mode == "auto" and (HOROVOD_TIMELINE.of(config) or HOROVOD_AUTOTUNE.of(config)):
             return "collectives"
-        return config.node_exchange
+        return mode
 
     def _check_long_cycle(self) -> None:
         """Warns when the long cycle was chosen for a job that Horovod carries after all."""
@@ -257,7 +296,7 @@ class HorovodStrategy(Strategy):
         compression = self.comm.hvd.Compression
         # Horovod's transport, as gradient_reduction chose (not the users' node exchange).
         return DistributedOptimizer(optimizer, compression=compression.fp16
-                                    if self.config.fp16_allreduce else compression.none,
+                                    if FP16_ALLREDUCE.of(self.config) else compression.none,
                                     gradient_lag=self.config.gradient_lag, node_exchange=False)
 
     def describe(self) -> str:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import warnings
 
+from tfscale.options import Option
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
+
+CPU_REPLICAS = Option("cpu_replicas", 0,
+                      "mirrored on CPU: split the CPU into N logical devices (replicas).",
+                      minimum=0)
 
 
 class MirroredStrategy(TFDistributeStrategy):
@@ -15,7 +20,7 @@ class MirroredStrategy(TFDistributeStrategy):
     Keras splits it between the replicas and sums their gradients.
     """
 
-    owned_flags = ("cpu_replicas",)
+    options = (CPU_REPLICAS,)
 
     @property
     def rank(self) -> int:
@@ -28,7 +33,7 @@ class MirroredStrategy(TFDistributeStrategy):
     def setup(self) -> None:
         import tensorflow as tf
 
-        n = self.config.cpu_replicas
+        n = CPU_REPLICAS.of(self.config)
         gpus = tf.config.list_physical_devices("GPU")
         if n:
             cpu = tf.config.list_physical_devices("CPU")[0]

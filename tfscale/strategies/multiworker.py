@@ -39,12 +39,17 @@ from tfscale import cluster_env
 from tfscale.collectives.exchange import transient, worker_reduction
 from tfscale.collectives.hierarchical import HierarchicalAllReduce
 from tfscale.keras_version import check_keras_version
+from tfscale.options import Option
 from tfscale.strategies.base import Launcher
+from tfscale.strategies.node_exchange import NODE_EXCHANGE
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
+
+COLLECTIVE = Option("collective", "auto", "multiworker collective implementation.",
+                    choices=("auto", "ring", "nccl"), tuning=True)
 
 
 @contextlib.contextmanager
@@ -87,8 +92,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     # horovodrun starts Horovod ranks only; the other launchers give each rank what its
     # TF_CONFIG is built from.
     job_launchers = frozenset({"slurm", "lsf", "mpirun"})
-    owned_flags = ("node_exchange",)
-    tuning_flags = ("collective",)
+    options = (NODE_EXCHANGE, COLLECTIVE)
 
     @classmethod
     def check_environment(cls) -> None:
@@ -127,7 +131,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
             return
         implementation = tf.distribute.experimental.CommunicationImplementation
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=getattr(implementation, self.config.collective.upper()))
+            implementation=getattr(implementation, COLLECTIVE.of(self.config).upper()))
         with _peer_health_check(self.config.collective_timeout_s):
             self.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 communication_options=options)
@@ -155,8 +159,8 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         elif self.replicas_in_process > 1:
             why_not = f"each worker has {self.replicas_in_process} replicas"
         reduce, self.exchange_plan = worker_reduction(
-            self._rank, workers, self.config.node_exchange,
-            f"gRPC ({self.config.collective} collectives)",
+            self._rank, workers, NODE_EXCHANGE.of(self.config),
+            f"gRPC ({COLLECTIVE.of(self.config)} collectives)",
             lambda values: self.all_reduce(values, "sum"), why_not,
             self.config.collective_timeout_s)
         return None if reduce is None else transient(reduce)

@@ -14,9 +14,10 @@ written into job scripts from what its class says (see :class:`Strategy`), like 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
+from tfscale.options import Option, Options, merge
 from tfscale.registry import Registry
 from tfscale.strategies.base import Strategy
 
@@ -61,22 +62,59 @@ def strategies_that(test: Callable[[type[Strategy]], bool]) -> list[str]:
     return [entry.name for entry in STRATEGIES if test(entry.obj)]
 
 
+def declared_options() -> dict[str, Option[Any]]:
+    """Every registered strategy's options (plugins included), by name.
+
+    Raises:
+        ValueError: when two strategies declare one name differently.
+    """
+    return merge(option for entry in STRATEGIES for option in entry.obj.options)
+
+
+def strategy_options(strategy: str, given: Mapping[str, Any]) -> Options:
+    """The options of a config of ``strategy``: ``given`` values, each checked against its
+    declaration, and the strategy's own options at their defaults where not given. Another
+    strategy's option at its default is left out (the flags give every option a value).
+
+    Raises:
+        ValueError: for a name that no strategy declares, or a value its declaration refuses.
+    """
+    declared = declared_options()
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r}: no registered strategy declares it "
+                         f"(strategies' options: {', '.join(sorted(declared))})")
+    own = STRATEGIES.get(strategy).options if strategy in STRATEGIES else ()
+    values = {option.name: option.default for option in own}
+    for name, value in given.items():
+        value = declared[name].validate(value)
+        if name in values or value != declared[name].default:
+            values[name] = value
+    return Options(values)
+
+
 def unread_flags(config: TrainConfig,
-                 kind: Literal["owned_flags", "tuning_flags"]) -> dict[str, list[str]]:
-    """The strategy flags of ``kind`` that ``config`` sets away from their defaults although its
-    strategy does not read them, in field order, each with the strategies that do read it.
+                 kind: Literal["owned", "tuning"]) -> dict[str, list[str]]:
+    """The strategy flags of ``kind`` (see :meth:`Strategy.owned`, :meth:`Strategy.tuning`)
+    that ``config`` sets away from their defaults although its strategy does not read them, in
+    field order, each with the strategies that do read it.
 
     Raises:
         UnknownNameError: for an unknown strategy, listing the available ones.
     """
     reads = STRATEGIES.get(config.strategy).flags()
+    declared = declared_options()
+    values = {field.name: (getattr(config, field.name), field.default)
+              for field in dataclasses.fields(config) if field.name != "options"}
+    values.update((name, (config.options[name], option.default))
+                  for name, option in declared.items() if name in config.options)
     found: dict[str, list[str]] = {}
-    for field in dataclasses.fields(config):
-        if field.name in reads or getattr(config, field.name) == field.default:
+    for name, (value, default) in values.items():
+        if name in reads or value == default:
             continue
-        readers = [entry.name for entry in STRATEGIES if field.name in getattr(entry.obj, kind)]
+        readers = [entry.name for entry in STRATEGIES if name in getattr(entry.obj, kind)()]
         if readers:
-            found[field.name] = readers
+            found[name] = readers
     return found
 
 
@@ -91,7 +129,7 @@ def check_config(config: TrainConfig) -> None:
     """
     if config.strategy not in STRATEGIES:
         return
-    foreign = unread_flags(config, "owned_flags")
+    foreign = unread_flags(config, "owned")
     if foreign:
         flag, readers = next(iter(foreign.items()))
         raise ValueError(f"--{flag} only applies to "

@@ -1,0 +1,17 @@
+"""``--node_exchange``: the option of every strategy whose processes exchange gradients inside a
+node (horovod, ddl, multiworker), declared once so that they share one flag."""
+
+from __future__ import annotations
+
+from tfscale.options import Option
+
+NODE_EXCHANGE = Option(
+    "node_exchange", "auto",
+    "horovod, ddl, multiworker: how the processes of one node exchange gradients. "
+    "shared_memory: through a /dev/shm segment (x86-64, CPU workers): the whole all-reduce for "
+    "horovod and multiworker when every worker is on one node, the node phases of ddl's "
+    "hierarchical all-reduce; collectives: the strategy's own transport (Horovod's Gloo/MPI, "
+    "TensorFlow's gRPC ring). auto: shared_memory where it applies (CPU-only x86-64 workers on "
+    "one node for horovod, inside each node for ddl and multi-node horovod), else collectives. "
+    "--ddl_node_exchange is the old name.",
+    choices=("auto", "shared_memory", "collectives"))
