@@ -3,8 +3,9 @@
 
 It builds tfscale.train's ``tiny_cnn`` from the model code (as a user builds their own),
 reads the same data as ``tfscale.train --dataset=synthetic`` (worker ``r``'s batches come from
-seed ``r``), but as one global dataset sharded by :func:`tfscale.shard_dataset`, and trains
-with gradient accumulation and the gradient lag. Each worker writes its weights and losses to
+seed ``r``), but as one stream of examples that :func:`tfscale.shard_dataset` shards and
+batches, and trains with gradient accumulation and (Horovod-style strategies) the gradient
+lag. Each worker writes its weights and losses to
 ``OUT/rank<R>.npz`` / ``.json``; the chief checkpoints into ``OUT/checkpoints``.
 
     tfscale-run --nproc=2 --strategy=horovod tests/workers/prepare_script.py --out DIR
@@ -29,18 +30,21 @@ from models.small import tiny_cnn  # noqa: E402
 SIZE, CHANNELS, CLASSES, BATCHES = 16, 3, 4, 4
 
 
-def global_dataset(workers: int, batch: int) -> tf.data.Dataset:
-    """Batch ``i`` of every worker in turn: worker ``r``'s are tfscale.train's synthetic ones."""
+def global_examples(workers: int, batch: int) -> tf.data.Dataset:
+    """Every worker's examples in one stream, repeated, in which worker ``r``'s are every
+    ``workers``-th from ``r`` on, in the order of tfscale.train's synthetic batches of seed
+    ``r``."""
     images, labels = [], []
     for seed in range(workers):
         images.append(tf.random.stateless_uniform([BATCHES, batch, SIZE, SIZE, CHANNELS],
                                                   seed=[seed, 0]))
         labels.append(tf.random.stateless_uniform([BATCHES, batch], seed=[seed, 1],
                                                   maxval=CLASSES, dtype=tf.int32))
-    # [batch index, worker, ...] flattened: element i * workers + r is worker r's batch i.
-    x = tf.reshape(tf.stack(images, axis=1), [-1, batch, SIZE, SIZE, CHANNELS])
-    y = tf.reshape(tf.stack(labels, axis=1), [-1, batch])
-    return tf.data.Dataset.from_tensor_slices((x, y))
+    # [batch index, example, worker, ...] flattened: worker r's example j of batch i is
+    # element (i * batch + j) * workers + r.
+    x = tf.reshape(tf.stack(images, axis=2), [-1, SIZE, SIZE, CHANNELS])
+    y = tf.reshape(tf.stack(labels, axis=2), [-1])
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat()
 
 
 def main() -> None:
@@ -61,8 +65,9 @@ def main() -> None:
         checkpoint_dir=os.path.join(args.out, "checkpoints"))
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    data = global_dataset(strategy.size, args.batch * args.grad_accum_steps)
-    history = model.fit(tfscale.shard_dataset(data).repeat(), epochs=1,
+    batch = args.batch * args.grad_accum_steps
+    data = tfscale.shard_dataset(global_examples(strategy.size, batch), batch_size=batch)
+    history = model.fit(data, epochs=1,
                         steps_per_epoch=args.steps, callbacks=callbacks, verbose=0)
     out = Path(args.out)
     np.savez(out / f"rank{strategy.rank}.npz", *[np.asarray(w) for w in model.get_weights()])
