@@ -26,9 +26,11 @@ task=...)``, optionally with ``recognize=`` (a function, or ``"module:function"`
 ``--data_dir`` and returning a few words on what it found there, or None when that is not this
 dataset's data: how the dataset is chosen when ``--dataset`` is left out, see :func:`recognize`),
 ``reads_data_dir=False`` for data generated without files (a ``--data_dir`` is then an
-error), and ``inference=`` (a function, or ``"module:function"``, taking the config and
-returning an :class:`input_pipelines.core.inference.Inference`: how evaluation turns a raw
-image into the model's input, which the trainer puts in front of the exported model). The
+error), ``options=`` (its own flags: :class:`tfscale.options.Option` declarations, or
+``"module:attribute"`` naming them; refused with another ``--dataset``), and ``inference=``
+(a function, or ``"module:function"``, taking the config and returning an
+:class:`input_pipelines.core.inference.Inference`: how evaluation turns a raw image into the
+model's input, which the trainer puts in front of the exported model). The
 built-in ones are declared at the end of this module by name, builder (``"module:function"``),
 description and task (:mod:`tfscale.tasks`); a dataset's module is imported when its builder
 is fetched.
@@ -42,6 +44,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tfscale import options
 from tfscale.registry import Entry, TaskRegistry
 from tfscale.shard import Shard  # re-exported: pipelines take it, strategies make it
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
@@ -69,6 +72,9 @@ Recognizer = Callable[[str], "str | None"]
 PIPELINES: TaskRegistry[PipelineBuilder] = TaskRegistry("dataset",
                                                         entry_point_group="tfscale.datasets")
 SPLITS = ("train", "validation")
+# Each dataset's options (options=), for the flags and configs.
+options.add_source("dataset", lambda: (
+    (entry.name, options.from_meta(entry.meta.get("options", ()))) for entry in PIPELINES))
 
 
 # Registering checks the task (classification|segmentation); task_of reads it without importing.
@@ -150,7 +156,7 @@ declare("segmentation_tfrecord", "input_pipelines.datasets.segmentation_tfrecord
         inference="input_pipelines.core.inference:samples")
 declare("synthetic", "input_pipelines.datasets.synthetic:build",
         "random images and labels generated once on the device", CLASSIFICATION,
-        reads_data_dir=False)
+        reads_data_dir=False, options="input_pipelines.datasets.synthetic:OPTIONS")
 declare("synthetic_seg", "input_pipelines.datasets.synthetic_seg:build",
         "climate-like multi-channel fields with rare small objects (generated on the fly)",
         SEGMENTATION, reads_data_dir=False)

@@ -11,6 +11,9 @@ Your own model registers with the decorator::
     @models.register("my_net", "what it is, in one line", task="classification")
     def build_my_net(cfg: TrainConfig) -> keras.Model: ...
 
+with ``options=`` for flags of its own (:class:`tfscale.options.Option` declarations, or
+``"module:attribute"`` naming them), as datasets have them.
+
 The built-in models are declared below by name, builder (``"module:function"``), description
 and task: their modules import Keras, which is loaded only when a builder is fetched, so
 ``--list``, a misspelt ``--model`` or a check of its task answer without TensorFlow.
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tfscale import options
 from tfscale.registry import Registry, TaskRegistry
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
@@ -41,6 +45,9 @@ BLOCKS: Registry[BlockRule] = Registry("block rule")
 # Registering checks the task (classification|segmentation); task_of reads it without importing.
 register = MODELS.register_for
 declare = MODELS.declare_for
+# Each model's options (options=, as datasets have them), for the flags and configs.
+options.add_source("model", lambda: (
+    (entry.name, options.from_meta(entry.meta.get("options", ()))) for entry in MODELS))
 task_of = MODELS.task_of
 
 

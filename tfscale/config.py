@@ -4,10 +4,11 @@ Flags (``tfscale/flags.py``) are turned into one :class:`TrainConfig` at the ent
 code takes this object and never reads absl ``FLAGS``. Validation here covers values that can be
 checked without importing TensorFlow, the strategy's own flags included (its class says which
 they are); model and dataset names are checked against the registries by
-:func:`tfscale.plugins.validate_names`. A strategy's own options (``--fusion_threshold_mb``,
-``--cpu_replicas``, a plugin's) are declared in its file (:mod:`tfscale.options`) and held in
-:attr:`TrainConfig.options`; the constructor, :meth:`TrainConfig.replace` and
-:meth:`TrainConfig.to_dict` take and give them by name beside the fields, as the flags do.
+:func:`tfscale.plugins.validate_names`. A strategy's, model's or dataset's own options
+(``--fusion_threshold_mb``, ``--cpu_replicas``, ``--synthetic_batches``, a plugin's) are declared
+in its file (:mod:`tfscale.options`) and held in :attr:`TrainConfig.options`; the constructor,
+:meth:`TrainConfig.replace` and :meth:`TrainConfig.to_dict` take and give them by name beside
+the fields, as the flags do.
 """
 
 from __future__ import annotations
@@ -17,13 +18,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from tfscale import options as plugin_options
 from tfscale.options import Options
-from tfscale.strategies import (
-    DEFAULT_STRATEGY,
-    check_config,
-    declared_options,
-    strategy_options,
-)
+from tfscale.strategies import DEFAULT_STRATEGY, check_config
 
 PRECISIONS = ("fp32", "mixed_float16", "mixed_bfloat16", "auto")
 XLA_MODES = ("off", "jit", "auto")
@@ -46,7 +43,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 @dataclasses.dataclass(frozen=True, init=False)
 class TrainConfig:
     """Everything one training run needs. Build it with keyword arguments (fields and the
-    strategies' options by name, or ``options={...}``); it validates itself."""
+    plugins' options by name, or ``options={...}``); it validates itself."""
 
     # What to train.
     model: str = "resnet50"
@@ -108,7 +105,7 @@ class TrainConfig:
     sync_bn: bool = False
     sync_bn_group: int = 0
     recompute: bool = False
-    # Distribution (the strategies' own options are in ``options``).
+    # Distribution (each strategy's own options are in ``options``).
     collective_timeout_s: float = 0.0
     # Looking inside a step.
     profile_steps: str = ""
@@ -120,19 +117,24 @@ class TrainConfig:
     seed: int = 0
     tensorboard: bool = True
     allow_config_change: bool = False
-    # The strategies' own options by name (declared in their files; see tfscale.options).
+    # The chosen strategy's, model's and dataset's own options by name (see tfscale.options).
     options: Options = dataclasses.field(default_factory=Options)
 
     def __init__(self, options: Mapping[str, Any] | None = None, **values: Any) -> None:
         for field in dataclasses.fields(self):
             if field.name != "options":
                 object.__setattr__(self, field.name, values.pop(field.name, field.default))
-        # What is not a field is an option: the strategy's own get their defaults.
-        object.__setattr__(self, "options",
-                           strategy_options(self.strategy, {**(options or {}), **values}))
+        # What is not a field is an option: the chosen plugins' own get their defaults.
+        object.__setattr__(self, "options", plugin_options.resolve(
+            self.plugins, {**(options or {}), **values}))
         validate(self)
         if not self.model_dir:
             object.__setattr__(self, "model_dir", self.default_model_dir)
+
+    @property
+    def plugins(self) -> dict[str, str]:
+        """The plugins this config chooses, by the field that names them."""
+        return {"strategy": self.strategy, "model": self.model, "dataset": self.dataset}
 
     @property
     def default_model_dir(self) -> str:
@@ -183,7 +185,7 @@ def config_names() -> list[str]:
     """The names a config takes (its flags): the fields, then every registered strategy's
     options (plugins included)."""
     fields = [field.name for field in dataclasses.fields(TrainConfig) if field.name != "options"]
-    return [*fields, *declared_options()]
+    return [*fields, *plugin_options.declared()]
 
 
 def _parse_ints(text: str, name: str) -> tuple[int, ...]:
@@ -260,6 +262,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lr_schedule == "step" and not cfg.decay_boundaries:
         raise ValueError("--lr_schedule=step needs --lr_decay_steps, e.g. --lr_decay_steps=30,60")
     check_config(cfg)  # the strategy's own flags and checks, which its class owns
+    for field in ("model", "dataset"):
+        plugin_options.check_chosen(cfg.plugins, cfg.options, field)
     profile = cfg.profile_range
     if profile and cfg.steps > 0 and profile[1] > cfg.steps:
         raise ValueError(f"--profile_steps={cfg.profile_steps} ends after the run's last step "

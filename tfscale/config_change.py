@@ -19,7 +19,7 @@ from typing import Any
 from tfscale.checkpointing import CheckpointManager
 from tfscale.config import TrainConfig
 from tfscale.files import write_json_atomic
-from tfscale.strategies import declared_options
+from tfscale.options import declared
 
 SAVED = "config.json"
 RESULTS = "results.json"  # runs from before config.json kept their config only there
@@ -40,7 +40,7 @@ MAY_CHANGE = frozenset({
 def may_change() -> frozenset[str]:
     """:data:`MAY_CHANGE` and every registered strategy's options that leave what is trained
     alone (``Option.changes_training`` False)."""
-    return MAY_CHANGE.union(option.name for option in declared_options().values()
+    return MAY_CHANGE.union(option.name for option in declared().values()
                             if not option.changes_training)
 
 

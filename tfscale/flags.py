@@ -15,9 +15,8 @@ from typing import Any, cast
 from absl import flags
 
 from tfscale import config as cfg_mod
-from tfscale import cpu_binding
+from tfscale import cpu_binding, options
 from tfscale.config import TrainConfig
-from tfscale.strategies import Strategy, declared_options, strategies_that
 
 HELP: dict[str, str] = {
     "model": "Model to train (see --list).",
@@ -146,7 +145,8 @@ FIELDS = [f for f in dataclasses.fields(TrainConfig) if f.name != "options"]
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Defines one absl flag per TrainConfig field, and one per option that a registered
-    strategy declares (in ``--helpfull``, a group per set of strategies that read it), on
+    strategy, model or dataset declares (in ``--helpfull``, a group per set of plugins that read
+    it), on
     ``flag_values`` (idempotent)."""
     if "model" in flag_values:
         return
@@ -167,15 +167,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
             flags.DEFINE_float(name, default, helptext, flag_values=fv)
         else:
             flags.DEFINE_string(name, default, helptext, flag_values=fv)
-    for option in declared_options().values():
-        readers = strategies_that(_reads(option.name))
-        option.define(fv, f"options of --strategy={'|'.join(readers)}")
+    for option in options.declared().values():
+        owners = options.readers(option.name).items()
+        option.define(fv, "options of " + ", ".join(
+            f"--{field}={'|'.join(sorted(plugins))}" for field, plugins in owners))
     for alias, name in ALIASES.items():
         flags.DEFINE_alias(alias, name, flag_values=fv)
-
-
-def _reads(name: str) -> Callable[[type[Strategy]], bool]:
-    return lambda cls: name in cls.flags()
 
 
 def config_from_flags(values: flags.FlagValues,

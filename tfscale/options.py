@@ -1,9 +1,10 @@
 """Options that a plugin declares for itself: a strategy's knobs, a dataset reader's.
 
 A strategy (or model, or dataset) lists its options as :class:`Option` declarations in its own
-file; the absl flags of ``tfscale.train`` (in a ``--helpfull`` group of their own), job-script
-checks, ``argv_from_config``, resume checks and results.json's ``config`` are all built from
-them, so a plugin from another package brings its flags with it. The chosen values travel in
+file, and its registry says which plugin declares which (:func:`add_source`); the absl flags of
+``tfscale.train`` (in a ``--helpfull`` group of their own), job-script checks,
+``argv_from_config``, resume checks and results.json's ``config`` are all built from them, so a
+plugin from another package brings its flags with it. The chosen values travel in
 :attr:`tfscale.config.TrainConfig.options` (an :class:`Options` mapping); a plugin reads its own
 with ``OPTION.of(config)``, typed as the declaration's default. Light: no TensorFlow here.
 """
@@ -11,7 +12,8 @@ with ``OPTION.of(config)``, typed as the declaration's default. Light: no Tensor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import importlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
@@ -126,3 +128,91 @@ def merge(declarations: Iterable[Option[Any]]) -> dict[str, Option[Any]]:
             raise ValueError(f"option --{option.name} is declared twice, differently "
                              f"({seen} and {option}); a plugin must reuse the declaration")
     return found
+
+
+# Each plugin of a registry with its options: (plugin name, declarations) pairs.
+Declarations = Callable[[], Iterable[tuple[str, Sequence[Option[Any]]]]]
+# The config field that names a plugin ("strategy", "model", "dataset") -> its registry's.
+_SOURCES: dict[str, Declarations] = {}
+
+
+def add_source(field: str, declarations: Declarations) -> None:
+    """Makes the plugins that config field ``field`` names declare options: ``declarations()``
+    gives each plugin's name and options (a registry calls this when it is imported)."""
+    _SOURCES[field] = declarations
+
+
+def from_meta(found: Sequence[Option[Any]] | str) -> tuple[Option[Any], ...]:
+    """A registry entry's ``options=``: the declarations, or ``"module:attribute"`` naming them
+    (so that a declared plugin's options are read without importing its builder's module)."""
+    if isinstance(found, str):
+        module, _, attribute = found.partition(":")
+        return tuple(getattr(importlib.import_module(module), attribute))
+    return tuple(found)
+
+
+def declarations() -> dict[str, dict[str, tuple[Option[Any], ...]]]:
+    """Field -> plugin name -> its options, for every registry that declares options."""
+    return {field: {name: tuple(options) for name, options in source()}
+            for field, source in _SOURCES.items()}
+
+
+def declared() -> dict[str, Option[Any]]:
+    """Every declared option by name, each once.
+
+    Raises:
+        ValueError: when two plugins declare one name differently.
+    """
+    return merge(option for plugins in declarations().values()
+                 for options in plugins.values() for option in options)
+
+
+def resolve(chosen: Mapping[str, str], given: Mapping[str, Any]) -> Options:
+    """The options of a config whose plugins are ``chosen`` (field -> name, e.g. strategy ->
+    horovod): ``given`` values, each checked against its declaration, and the chosen plugins'
+    options at their defaults where not given. Another plugin's option at its default is left
+    out (the flags give every option a value).
+
+    Raises:
+        ValueError: for a name that nothing declares, or a value its declaration refuses.
+    """
+    by_field = declarations()
+    known = declared()
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r}: no registered strategy, model or "
+                         f"dataset declares it (options: {', '.join(sorted(known))})")
+    values = {option.name: option.default for field, plugins in by_field.items()
+              for option in plugins.get(chosen.get(field, ""), ())}
+    for name, value in given.items():
+        value = known[name].validate(value)
+        if name in values or value != known[name].default:
+            values[name] = value
+    return Options(values)
+
+
+def readers(name: str) -> dict[str, list[str]]:
+    """Field -> the plugins of that field that declare option ``name`` (fields with none left
+    out)."""
+    found = {field: [plugin for plugin, options in plugins.items()
+                     if any(option.name == name for option in options)]
+             for field, plugins in declarations().items()}
+    return {field: plugins for field, plugins in found.items() if plugins}
+
+
+def check_chosen(chosen: Mapping[str, str], values: Mapping[str, Any], field: str) -> None:
+    """Refuses an option of another plugin of ``field`` (a dataset's option with another
+    ``--dataset``) set away from its default.
+
+    Raises:
+        ValueError: naming the flag and the plugins it applies to.
+    """
+    plugins = declarations().get(field, {})
+    own = {option.name for option in plugins.get(chosen.get(field, ""), ())}
+    for name, option in declared().items():
+        if name in own or values.get(name, option.default) == option.default:
+            continue
+        others = [plugin for plugin, options in plugins.items() if option in options]
+        if others:
+            raise ValueError(f"--{name} only applies to "
+                             + " or ".join(f"--{field}={plugin}" for plugin in others))

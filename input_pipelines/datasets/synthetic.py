@@ -9,22 +9,34 @@ restore its position in the data to match an uninterrupted one.
 
 from __future__ import annotations
 
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
+from tfscale.options import Option
 
-MAX_BATCHES = 4
+if TYPE_CHECKING:
+    import tensorflow as tf
+
 MAX_BYTES = 256 * 1024 * 1024
+
+# Declared here, read by the registry without TensorFlow (this module imports it lazily).
+SYNTHETIC_BATCHES = Option(
+    "synthetic_batches", 4, "synthetic: distinct batches generated per worker and cycled "
+    "through (fewer when they would exceed 256 MiB).", minimum=1, changes_training=True)
+OPTIONS = (SYNTHETIC_BATCHES,)
 
 
 def synthetic_batches(
-    batch_size: int, image_size: int, channels: int, num_classes: int, seed: int
+    batch_size: int, image_size: int, channels: int, num_classes: int, seed: int,
+    most: int = 4,
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Up to 4 deterministic random batches (at most 256 MiB of images), stacked:
+    """Up to ``most`` deterministic random batches (at most 256 MiB of images), stacked:
     float32 images in [0, 1) ``[K, B, H, W, C]`` and int32 labels ``[K, B]``."""
+    import tensorflow as tf
+
     batch_bytes = 4 * batch_size * image_size * image_size * channels
-    count = max(1, min(MAX_BATCHES, MAX_BYTES // batch_bytes))
+    count = max(1, min(most, MAX_BYTES // batch_bytes))
     images = tf.random.stateless_uniform(
         [count, batch_size, image_size, image_size, channels], seed=[seed, 0], dtype=tf.float32
     )
@@ -35,9 +47,12 @@ def synthetic_batches(
 
 
 def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+    import tensorflow as tf
+
     # Each worker gets its own data (different seed), as with real sharded data.
     batches = synthetic_batches(
         batch_size, cfg.image_size, cfg.input_channels, cfg.num_classes,
         seed=cfg.seed * 1000 + shard.index + (500 if split == "validation" else 0),
+        most=SYNTHETIC_BATCHES.of(cfg),
     )
     return Batches(tf.data.Dataset.from_tensor_slices(batches).repeat(), examples=None)

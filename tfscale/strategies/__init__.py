@@ -10,11 +10,9 @@ from tfscale.strategies.registry import (
     STRATEGIES,
     check_config,
     create,
-    declared_options,
     load_plugins,
     register,
     strategies_that,
-    strategy_options,
     unread_flags,
 )
 
@@ -32,6 +30,5 @@ register(DDL_STRATEGY, DDLStrategy,
          "IBM DDL's model on Horovod: hierarchical all-reduce over nodes, DDL callbacks")
 
 __all__ = ["DDL_STRATEGY", "DEFAULT_STRATEGY", "MULTI_PROCESS_DEFAULT", "STRATEGIES", "Launcher",
-           "SingleProcessStrategy", "Strategy", "check_config", "create", "declared_options",
-           "load_plugins", "register", "running", "strategies_that", "strategy_options",
-           "unread_flags"]
+           "SingleProcessStrategy", "Strategy", "check_config", "create", "load_plugins",
+           "register", "running", "strategies_that", "unread_flags"]

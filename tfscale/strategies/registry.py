@@ -14,10 +14,10 @@ written into job scripts from what its class says (see :class:`Strategy`), like 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
 
-from tfscale.options import Option, Options, merge
+from tfscale import options
 from tfscale.registry import Registry
 from tfscale.strategies.base import Strategy
 
@@ -54,43 +54,14 @@ def _adopt(name: str, cls: type[Strategy], source: str) -> None:
 # The first lookup loads the installed plugins too, so every caller sees them.
 STRATEGIES: Registry[type[Strategy]] = Registry("strategy", entry_point_group=ENTRY_POINT_GROUP,
                                                 adopt=_adopt)
+# Each strategy's options, for the flags and configs (tfscale.options).
+options.add_source("strategy", lambda: ((entry.name, entry.obj.options) for entry in STRATEGIES))
 
 
 def strategies_that(test: Callable[[type[Strategy]], bool]) -> list[str]:
     """Sorted names of the registered strategies (plugins included) whose class passes
     ``test``, e.g. ``strategies_that(lambda cls: cls.multi_process())``."""
     return [entry.name for entry in STRATEGIES if test(entry.obj)]
-
-
-def declared_options() -> dict[str, Option[Any]]:
-    """Every registered strategy's options (plugins included), by name.
-
-    Raises:
-        ValueError: when two strategies declare one name differently.
-    """
-    return merge(option for entry in STRATEGIES for option in entry.obj.options)
-
-
-def strategy_options(strategy: str, given: Mapping[str, Any]) -> Options:
-    """The options of a config of ``strategy``: ``given`` values, each checked against its
-    declaration, and the strategy's own options at their defaults where not given. Another
-    strategy's option at its default is left out (the flags give every option a value).
-
-    Raises:
-        ValueError: for a name that no strategy declares, or a value its declaration refuses.
-    """
-    declared = declared_options()
-    unknown = sorted(set(given) - set(declared))
-    if unknown:
-        raise ValueError(f"unknown option {unknown[0]!r}: no registered strategy declares it "
-                         f"(strategies' options: {', '.join(sorted(declared))})")
-    own = STRATEGIES.get(strategy).options if strategy in STRATEGIES else ()
-    values = {option.name: option.default for option in own}
-    for name, value in given.items():
-        value = declared[name].validate(value)
-        if name in values or value != declared[name].default:
-            values[name] = value
-    return Options(values)
 
 
 def unread_flags(config: TrainConfig,
@@ -103,7 +74,7 @@ def unread_flags(config: TrainConfig,
         UnknownNameError: for an unknown strategy, listing the available ones.
     """
     reads = STRATEGIES.get(config.strategy).flags()
-    declared = declared_options()
+    declared = options.declared()
     values = {field.name: (getattr(config, field.name), field.default)
               for field in dataclasses.fields(config) if field.name != "options"}
     values.update((name, (config.options[name], option.default))
