@@ -208,8 +208,9 @@ def test_plugin_strategy_in_a_sweep(tmp_path: Path, acme: dict[str, str]) -> Non
 def test_plugin_strategy_trains_with_num_processes(tmp_path: Path,
                                                    acme: dict[str, str]) -> None:
     proc = run_process([sys.executable, "-m", "tfscale.train", "--strategy=acme_workers",
-                        "--acme_spread=2", "--num_processes=2", "--model=mlp", "--dataset=synthetic", "--steps=2",
-                        "--batch_size=4", "--image_size=8", "--num_classes=4",
+                        "--acme_spread=2", "--num_processes=2", "--model=mlp",
+                        "--dataset=synthetic", "--steps=2", "--batch_size=4", "--image_size=8",
+                        "--num_classes=4",
                         "--tensorboard=false", f"--model_dir={tmp_path}"], timeout=300, env=acme)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = read_results(tmp_path)

@@ -42,7 +42,7 @@ from typing import Any
 import keras
 from keras import ops
 
-LARC_MODES = ("clip", "scale")
+from tfscale.config import LARC_MODES  # one list, which --larc_mode checks too
 
 
 class TrustRatioSGD(keras.optimizers.Optimizer, metaclass=abc.ABCMeta):

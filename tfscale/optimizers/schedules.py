@@ -8,7 +8,7 @@ from typing import Any
 import keras
 from keras import ops
 
-DECAYS = ("constant", "cosine", "step", "polynomial")
+from tfscale.config import LR_SCHEDULES as DECAYS  # one list, which --lr_schedule checks too
 
 
 def _check_args(peak: float, warmup_steps: int, total_steps: int, decay: str,

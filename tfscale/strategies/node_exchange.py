@@ -3,6 +3,7 @@ node (horovod, ddl, multiworker), declared once so that they share one flag."""
 
 from __future__ import annotations
 
+from tfscale.collectives.placement import MODES
 from tfscale.options import Option
 
 NODE_EXCHANGE = Option(
@@ -14,4 +15,4 @@ NODE_EXCHANGE = Option(
     "TensorFlow's gRPC ring). auto: shared_memory where it applies (CPU-only x86-64 workers on "
     "one node for horovod, inside each node for ddl and multi-node horovod), else collectives. "
     "--ddl_node_exchange is the old name.",
-    choices=("auto", "shared_memory", "collectives"))
+    choices=MODES)
