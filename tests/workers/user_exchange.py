@@ -58,7 +58,7 @@ def horovod_style(out: Path) -> dict[str, Any]:
     import keras
 
     import tfscale.horovod as hvd
-    from tfscale.collectives import horovod as runtime
+    from tfscale.collectives import scripts as runtime
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

@@ -13,7 +13,8 @@ so that reading a strategy class (for ``--help`` or a job script) stays free of 
 - :mod:`~tfscale.collectives.hierarchical`: the topology-aware all-reduce of the ``ddl``
   strategy;
 - :mod:`~tfscale.collectives.exchange`: setting up a job's gradient exchange (shared memory
-  inside a node), one path for the strategies and users' scripts.
+  inside a node), one path for the strategies and users' scripts;
+- :mod:`~tfscale.collectives.scripts`: Horovod's API for users' scripts over that exchange.
 """
 
 from tfscale.collectives.hierarchical import HierarchicalAllReduce, Topology

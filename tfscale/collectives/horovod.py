@@ -15,18 +15,15 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
-
-    from tfscale.collectives.hierarchical import HierarchicalAllReduce
-    from tfscale.collectives.placement import ExchangePlan
 
 INSTALL_HINT = (
     "Horovod is not importable in this environment. Build Horovod 0.28.1 with TensorFlow and "
@@ -63,78 +60,13 @@ def import_horovod() -> ModuleType:
 
 
 def init(*args: Any, **kwargs: Any) -> None:
-    """Starts Horovod (``horovod.tensorflow.init``'s arguments, e.g. ``process_sets``) with
-    ``tfscale.train``'s defaults for the node exchange that users' scripts then share
-    (:func:`node_reduction`).
-
-    On CPUs, unless ``HOROVOD_CYCLE_TIME`` is set, Horovod's cycle is the one the ``horovod``
-    strategy takes (:mod:`tfscale.collectives.exchange`): long where every rank is on this
-    node and exchanges through shared memory, so that Horovod's idle thread does not slow the
-    steps. A job of several nodes of several ranks starts with dynamic process sets (unless
-    ``process_sets`` is given), which the hierarchical exchange registers.
-    """
-    from tfscale.collectives import exchange
-
-    hvd = import_horovod()
-    if not hvd.is_initialized():
-        mode = exchange.mode_from_environment()
-        if "HOROVOD_CYCLE_TIME" not in os.environ and not _has_gpu():
-            long = exchange.one_node_shared_memory(mode)
-            cycle = exchange.SHARED_MEMORY_CYCLE_TIME_MS if long else exchange.CPU_CYCLE_TIME_MS
-            os.environ["HOROVOD_CYCLE_TIME"] = f"{cycle:g}"
-        if (mode != "collectives" and "process_sets" not in kwargs and len(args) < 2
-                and exchange.several_nodes()):
-            kwargs["process_sets"] = "dynamic"
-    hvd.init(*args, **kwargs)
+    """Starts Horovod (``horovod.tensorflow.init``'s arguments, e.g. ``process_sets``)."""
+    import_horovod().init(*args, **kwargs)
 
 
 def shutdown() -> None:
     """Stops Horovod's background thread; collectives fail after it."""
-    _node.clear()
     import_horovod().shutdown()
-
-
-def _has_gpu() -> bool:
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
-# The node exchange of this Horovod session for users' scripts, once set up: {"reduce": ...}.
-_node: dict[str, Any] = {}
-
-
-def node_reduction() -> HierarchicalAllReduce | None:
-    """This job's all-reduce through shared memory inside each node (hierarchically with
-    Horovod across nodes), as the ``horovod`` strategy of ``tfscale.train`` sets it up
-    (:func:`tfscale.collectives.exchange.horovod_reduction`, with the mode of
-    :data:`~tfscale.collectives.exchange.MODE_VARIABLE`); None where Horovod carries the
-    gradients. It copies its results; it averages when called and sums with ``.sum``.
-
-    Set up on the first call of the session (a collective then: every rank must make it, as
-    they do when they all wrap their optimizer or average their metrics), the same object
-    afterwards, and again after :func:`shutdown`. Starts Horovod if needed.
-
-    Raises:
-        ValueError: for ``TFSCALE_NODE_EXCHANGE=shared_memory`` where it cannot run.
-    """
-    from tfscale.collectives import exchange
-
-    if "reduce" not in _node:
-        hvd = import_horovod()
-        if not hvd.is_initialized():
-            init()
-        reduce, plan = exchange.horovod_reduction(hvd, int(hvd.rank()), int(hvd.size()),
-                                                  exchange.mode_from_environment())
-        _node.update(reduce=reduce, plan=plan)
-    reduce = _node["reduce"]
-    return reduce if reduce is None else cast("HierarchicalAllReduce", reduce)
-
-
-def exchange_plan() -> ExchangePlan:
-    """What carries this job's gradients under :func:`node_reduction` (sets it up)."""
-    node_reduction()
-    return cast("ExchangePlan", _node["plan"])
 
 
 def is_initialized() -> bool:
@@ -175,61 +107,14 @@ def _process_set(process_set: Any) -> Any:
     return import_horovod().global_process_set if process_set is None else process_set
 
 
-def _host_exchange(process_set: Any) -> HierarchicalAllReduce | None:
-    """The shared-memory exchange for an eager collective of the whole job when every rank is
-    on this node (:func:`node_reduction`), else None (Horovod carries it). Host values then
-    stay off Horovod, as under the ``horovod`` strategy."""
-    import tensorflow as tf
-
-    hvd = import_horovod()
-    if not tf.executing_eagerly() or _process_set(process_set) is not hvd.global_process_set:
-        return None
-    reduce = node_reduction()
-    return reduce if reduce is not None and reduce.one_node_shared_memory else None
-
-
-def _gathered(value: Any, process_set: Any) -> np.ndarray | None:
-    """Every rank's numeric ``value`` as the rows of one array (shape ``[size, *shape]``),
-    through shared memory where :func:`_host_exchange` has it; None otherwise."""
-    array = np.asarray(value)
-    if array.dtype.kind not in "iuf":
-        return None
-    reduce = _host_exchange(process_set)
-    if reduce is None or reduce.node is None:
-        return None
-    rows = reduce.node.gather(np.ascontiguousarray(array).reshape(-1))
-    return np.asarray(rows).reshape((-1, *array.shape))
-
-
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Any = None,
               compression: Any = None, process_set: Any = None) -> tf.Tensor:
     """Reduces ``value`` (an array, number or tensor) over all processes; ``op`` defaults to
-    ``Average``, as in Horovod. Returns a tensor of ``value``'s dtype.
-
-    Called eagerly over the whole job on one node, it goes through the shared-memory exchange
-    instead of Horovod (ops Average, Sum, Min and Max on numbers, without compression); every
-    rank gets the same bits, as from Horovod. Inside a ``tf.function`` it is Horovod's op
-    (with its gradient).
-    """
+    ``Average``, as in Horovod. Returns a tensor of ``value``'s dtype."""
     import tensorflow as tf
 
     hvd = import_horovod()
-    resolved = hvd.Average if op is None else op
-    plain = compression is None or compression is hvd.Compression.none
-    if average is None and plain and resolved in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max):
-        tensor = tf.convert_to_tensor(value)
-        floating = tensor.dtype.is_floating
-        if floating or resolved != hvd.Average:
-            scaled = tensor.numpy() * prescale_factor if floating else tensor.numpy()
-            rows = _gathered(scaled, process_set)
-            if rows is not None:
-                reducers: dict[Any, Callable[..., Any]] = {
-                    hvd.Average: np.mean, hvd.Sum: np.sum, hvd.Min: np.min, hvd.Max: np.max}
-                out = reducers[resolved](rows, axis=0)
-                if floating:
-                    out = out * postscale_factor
-                return tf.convert_to_tensor(np.asarray(out).astype(tensor.dtype.as_numpy_dtype))
     return hvd.allreduce(tf.convert_to_tensor(value), average=average, op=op, name=name,
                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                          compression=compression or hvd.Compression.none,
@@ -246,16 +131,10 @@ def allgather(value: Any, name: str | None = None, process_set: Any = None) -> t
 
 def broadcast(value: Any, root_rank: int, name: str | None = None,
               process_set: Any = None) -> tf.Tensor:
-    """``root_rank``'s ``value`` on every process (eagerly over the whole job on one node,
-    through the shared-memory exchange, as :func:`allreduce`)."""
+    """``root_rank``'s ``value`` on every process."""
     import tensorflow as tf
 
-    tensor = tf.convert_to_tensor(value)
-    if tensor.dtype.is_floating or tensor.dtype.is_integer:
-        rows = _gathered(tensor.numpy(), process_set)
-        if rows is not None:
-            return tf.convert_to_tensor(rows[root_rank])
-    return import_horovod().broadcast(tensor, root_rank, name=name,
+    return import_horovod().broadcast(tf.convert_to_tensor(value), root_rank, name=name,
                                       process_set=_process_set(process_set))
 
 
@@ -276,23 +155,13 @@ class HorovodCollectives:
 
     Used by the ``horovod`` and ``ddl`` strategies and, with no tfscale config at all, by the
     callbacks in a user's own ``model.fit`` script. Initialises Horovod if needed.
-
-    Args:
-        process_set: the Horovod process set whose ranks take part (default: all).
-        node_exchange: host values of the whole job go through the job's shared-memory
-            exchange (:func:`node_reduction`) where every rank is on this node, as
-            ``tfscale.train``'s do. A strategy that sets up its own exchange passes False.
     """
 
-    def __init__(self, process_set: Any = None, node_exchange: bool = True) -> None:
+    def __init__(self, process_set: Any = None) -> None:
         self.hvd = import_horovod()
         if not self.hvd.is_initialized():
-            if node_exchange:
-                init()  # a user's script: tfscale's defaults
-            else:  # a strategy has applied its own Horovod settings
-                self.hvd.init()
+            self.hvd.init()
         self.process_set = _process_set(process_set)
-        self.node_exchange = node_exchange
         self._calls = 0
 
     @property
@@ -309,34 +178,18 @@ class HorovodCollectives:
         self._calls += 1
         return f"tfscale.{kind}.{self._calls}"
 
-    def _shared(self) -> HierarchicalAllReduce | None:
-        return _host_exchange(self.process_set) if self.node_exchange else None
-
     def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
         if op not in _OPS:
             raise ValueError(f"all_reduce op {op!r}; expected one of {_OPS}")
-        shared = self._shared()
-        if shared is not None:
-            out = shared.host_all_reduce(values, op)
-            if out is not None:
-                return out
-        import tensorflow as tf
-
         hvd_op = {"mean": self.hvd.Average, "sum": self.hvd.Sum,
                   "max": self.hvd.Max, "min": self.hvd.Min}[op]
-        out = self.hvd.allreduce(tf.constant(np.asarray(values, dtype=np.float64)), op=hvd_op,
-                                 name=self._name("allreduce"), process_set=self.process_set)
+        out = allreduce(np.asarray(values, dtype=np.float64), op=hvd_op,
+                        name=self._name("allreduce"), process_set=self.process_set)
         return np.asarray(out.numpy(), dtype=np.float64)
 
     def broadcast(self, values: Sequence[float] | np.ndarray, root: int = 0) -> np.ndarray:
-        array = np.asarray(values, dtype=np.float64)
-        shared = self._shared()
-        if shared is not None and shared.node is not None:
-            return np.asarray(shared.node.gather(array.reshape(-1))[root]).reshape(array.shape)
-        import tensorflow as tf
-
-        out = self.hvd.broadcast(tf.constant(array), root, name=self._name("broadcast"),
-                                 process_set=self.process_set)
+        out = broadcast(np.asarray(values, dtype=np.float64), root, name=self._name("broadcast"),
+                        process_set=self.process_set)
         return np.asarray(out.numpy(), dtype=np.float64)
 
     def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:

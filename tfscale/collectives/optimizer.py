@@ -221,7 +221,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
     """Averages (or sums) gradients across Horovod workers with one fused grouped all-reduce
     per step, like ``horovod.tensorflow.keras.DistributedOptimizer``, or, where the ranks of a
     node all see the same ``/dev/shm``, through the node exchange of ``tfscale.train``
-    (:func:`tfscale.collectives.horovod.node_reduction`).
+    (:func:`tfscale.collectives.scripts.node_reduction`).
 
     The optimizer is changed in place and returned; its state, ``get_config`` and saved form
     stay those of the plain optimizer, so ``model.save`` writes a model that plain Keras loads.
@@ -289,13 +289,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
 
 def _shared_reduction(hvd: Any, op: Any, compression: Any, process_set: Any) -> Reduce | None:
     """The gradients' reduction through the job's node exchange, as ``tfscale.train``'s
-    ``horovod`` strategy sets it up (:func:`tfscale.collectives.horovod.node_reduction`: shared
+    ``horovod`` strategy sets it up (:func:`tfscale.collectives.scripts.node_reduction`: shared
     memory inside each node where every rank of it sees the same ``/dev/shm``), or None where
     Horovod's ``grouped_allreduce`` carries them: another process set than the whole job's, a
     compression other than none or fp16, or no node exchange. A collective when the process
     set is the whole job's (every rank wraps its optimizer)."""
     from tfscale.collectives import exchange
-    from tfscale.collectives.horovod import node_reduction
+    from tfscale.collectives.scripts import node_reduction
 
     fp16 = compression is hvd.Compression.fp16
     whole_job = process_set is None or process_set is hvd.global_process_set

@@ -20,7 +20,7 @@ python script.py`` or any launcher Horovod supports. Where the ranks of a node a
 ``/dev/shm`` (CPU-only x86-64), ``DistributedOptimizer``, eager ``allreduce``/``broadcast`` and
 the callbacks' host values go through the shared-memory node exchange that ``tfscale.train
 --strategy=horovod`` uses (hierarchically with Horovod across nodes), not Gloo over loopback;
-``TFSCALE_NODE_EXCHANGE=collectives`` keeps them on Horovod (:mod:`tfscale.collectives.exchange`).
+``TFSCALE_NODE_EXCHANGE=collectives`` keeps them on Horovod (:mod:`tfscale.collectives.scripts`).
 Horovod's constants (``Average``, ``Sum``, ``Compression``, ``global_process_set``, ...) are
 Horovod's own, looked up on first use. Horovod ops cannot run inside an XLA-compiled function
 in tfscale's build, and Keras 3's default ``jit_compile="auto"`` compiles the training step
@@ -36,20 +36,17 @@ from typing import Any
 
 from tfscale.collectives.horovod import (
     allgather,
-    allreduce,
-    broadcast,
     broadcast_variables,
     cross_rank,
     cross_size,
-    init,
     is_initialized,
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
 )
 from tfscale.collectives.optimizer import DistributedOptimizer, load_model
+from tfscale.collectives.scripts import allreduce, broadcast, init, shutdown
 from tfscale.horovod import callbacks
 
 # Names that are Horovod's own objects, the same under Keras 2 and 3.

@@ -4,7 +4,9 @@ Same names, arguments and behaviour as Horovod's; what differs is underneath. Ho
 versions read ``optimizer.lr`` and ``keras.backend.get_value`` and broadcast Keras variables
 as ``tf.Variable``s, none of which Keras 3 has. Broadcast and metric averaging are tfscale's
 :class:`~tfscale.callbacks.BroadcastInitialState` and :class:`~tfscale.callbacks.MetricAverage`
-over Horovod's collectives; chief-only saving is :class:`~tfscale.callbacks.ChiefOnly`.
+over Horovod's collectives (host values through the node exchange of
+:mod:`tfscale.collectives.scripts` where it has one); chief-only saving is
+:class:`~tfscale.callbacks.ChiefOnly`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import keras
 from tfscale import rank_zero
 from tfscale.callbacks import BroadcastInitialState, ChiefOnly, MetricAverage
 from tfscale.collectives import horovod as runtime
-from tfscale.collectives.horovod import HorovodCollectives
+from tfscale.collectives.scripts import ScriptCollectives
 
 
 class BroadcastGlobalVariablesCallback(BroadcastInitialState):
@@ -32,7 +34,7 @@ class BroadcastGlobalVariablesCallback(BroadcastInitialState):
     """
 
     def __init__(self, root_rank: int = 0, device: str = "") -> None:
-        super().__init__(HorovodCollectives(), root=root_rank)
+        super().__init__(ScriptCollectives(), root=root_rank)
 
 
 class MetricAverageCallback(MetricAverage):
@@ -45,7 +47,7 @@ class MetricAverageCallback(MetricAverage):
     """
 
     def __init__(self, device: str = "") -> None:
-        super().__init__(HorovodCollectives())
+        super().__init__(ScriptCollectives())
 
 
 def _training_optimizer(model: keras.Model) -> Any:

@@ -181,8 +181,7 @@ class HorovodStrategy(Strategy):
             # The exchange may be hierarchical (shared memory inside each node, Horovod across):
             # its process sets are registered once the nodes are known.
             start_horovod()
-        # Its host values take the strategy's own exchange (all_reduce), not the users' one.
-        self.comm = HorovodCollectives(node_exchange=False)
+        self.comm = HorovodCollectives()
         self._check_size()
         pin_gpu(self.local_rank)
         self.reduce = self.gradient_reduction()
