@@ -104,6 +104,9 @@ def test_advice_follows_the_figures() -> None:
     assert found.advice[0].startswith("reading and parsing records costs most")
     assert found.rates["model"] == 600.0  # two workers, one device each
     assert "3.0x faster than cold" in found.advice[2]
+    still_cached = {**read_bound, "records_cold_still_cached": 1.0}  # the drop did not take
+    found = io_check.verdict(fast_store, still_cached, 300.0, workers=2, image_size=64)
+    assert len(found.advice) == 2 and not any("a cache" in a for a in found.advice)
 
 
 @pytest.mark.parametrize("flags, message", [
