@@ -45,6 +45,7 @@ from absl import flags  # noqa: E402
 
 from input_pipelines.core.page_cache import MB, drop_cache, read_bandwidth  # noqa: E402
 from input_pipelines.registry import PIPELINES, Batches, Shard, reads_data_dir  # noqa: E402
+from input_pipelines.tools import parse_tool_flags  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
 from tfscale.flags import argv_from_config, config_from_flags, define_flags  # noqa: E402
 
@@ -402,13 +403,9 @@ def define_io_flags(values: flags.FlagValues) -> None:
 def main(argv: Sequence[str]) -> int:
     values = flags.FlagValues()
     define_io_flags(values)
-    if {"--help", "-h", "--helpfull"} & set(argv):
-        print(f"{__doc__}\n{values.get_help()}")
-        return 0
     try:
-        rest = values(list(argv))
-        if len(rest) > 1:
-            raise ValueError(f"unexpected arguments {rest[1:]}; all options are --flags")
+        if parse_tool_flags(values, argv, __doc__):
+            return 0
         from tfscale.plugins import choose_dataset
 
         config = config_from_flags(values, choose_dataset)

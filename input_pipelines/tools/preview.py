@@ -27,6 +27,7 @@ from absl import flags  # noqa: E402
 
 from input_pipelines.core.errors import DataError  # noqa: E402
 from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for  # noqa: E402
+from input_pipelines.tools import parse_tool_flags  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
 from tfscale.tasks import CLASSIFICATION
@@ -166,13 +167,9 @@ def main(argv: Sequence[str]) -> int:
     flags.DEFINE_integer("rows", 4, "Rows of images per section.", lower_bound=1,
                          flag_values=values)
     flags.DEFINE_integer("columns", 8, "Images per row.", lower_bound=1, flag_values=values)
-    if {"--help", "-h", "--helpfull"} & set(argv):
-        print(f"{__doc__}\n{values.get_help()}")
-        return 0
     try:
-        rest = values(list(argv))
-        if len(rest) > 1:
-            raise ValueError(f"unexpected arguments {rest[1:]}; all options are --flags")
+        if parse_tool_flags(values, argv, __doc__):
+            return 0
         config = config_from_flags(values)
         preview(config, values.out, values.rows, values.columns)
     except (ValueError, flags.Error) as err:
