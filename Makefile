@@ -17,8 +17,11 @@ demo: setup
 # where they can run (as root, with apt-get), the test set-up installs Open MPI and builds it.
 test: export TFSCALE_WITH_MPI ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
                                    && echo 1 || echo auto)
+# Two pytest workers, each taking whole files (module fixtures, one mini-cluster); most tests run
+# TensorFlow processes, so more workers than cores only adds waiting.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(PY) -m ruff check .

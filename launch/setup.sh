@@ -23,12 +23,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.requirements.sha
-want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-dev.txt requirements-data.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing requirements (TensorFlow is ~250 MB, first time only)"
   .venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel cmake
   # Not --quiet: pip's download lines and progress bars show where the minutes go.
   .venv/bin/python -m pip install -r requirements.txt -r requirements-dev.txt
+  # Data packages off the import path (why: requirements-data.txt).
+  .venv/bin/python -m pip install --quiet --no-deps --upgrade --target .venv/data-packages \
+    -r requirements-data.txt
   echo "$want" > "$stamp"
 fi
 launch/build_horovod.sh "$PWD/.venv/bin/python"

@@ -54,3 +54,14 @@ requires_horovod = pytest.mark.skipif(
     not Path(sys.executable).with_name("horovodrun").exists(),
     reason="Horovod is not installed in this environment (run launch/setup.sh)",
 )
+
+
+# The files that take longest (minutes of real processes), collected first: pytest-xdist's
+# --dist loadfile (make test) then starts them first instead of finishing with one of them alone.
+LONGEST_FIRST = ("test_minicluster.py", "test_reliability.py", "test_strategies.py",
+                 "test_recompute.py", "test_ddl.py", "test_xla_precision.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

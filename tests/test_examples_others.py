@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.digits import DATA_PACKAGES
 from tests.conftest import ROOT, requires_horovod, run_process
 
 EXAMPLES = ROOT / "examples" / "others"
@@ -67,7 +68,7 @@ def test_runs_on_two_workers_with_identical_weights_and_a_falling_loss(
     proc = run_process([sys.executable, "-m", "tfscale.run", "--nproc=2",
                         f"--strategy={CASES[name]}", "-m", "tests.workers.run_example",
                         str(EXAMPLES / f"{name}.py"), str(tmp_path)],
-                       timeout=300, env={"PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+                       timeout=300, env={"PYTHONPATH": f"{ROOT}:{DATA_PACKAGES}"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     weights = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     assert weights[0].files

@@ -95,7 +95,8 @@ def editable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     source = _source(tmp_path_factory)
     bin_dir = _venv(source / ".venv")
     requirements = b"".join((source / name).read_bytes()
-                            for name in ("requirements.txt", "requirements-dev.txt"))
+                            for name in ("requirements.txt", "requirements-dev.txt",
+                                         "requirements-data.txt"))
     (source / ".venv" / ".requirements.sha").write_text(
         hashlib.sha256(requirements).hexdigest() + "\n")
     proc = run_process(["bash", str(source / "launch" / "setup.sh")], timeout=300,

@@ -45,11 +45,11 @@ def dense_model() -> keras.Model:
 
 
 def train(out: Path, loss_scale: bool, epochs: int) -> keras.callbacks.History:
-    from sklearn.datasets import load_digits
+    from bench.digits import load_digits
 
-    digits = load_digits()
-    images = (digits.images[hvd.rank()::hvd.size(), ..., np.newaxis] / 16.0).astype("float32")
-    labels = digits.target[hvd.rank()::hvd.size()]
+    grey, target = load_digits()
+    images = (grey[hvd.rank()::hvd.size(), ..., np.newaxis] / 16.0).astype("float32")
+    labels = target[hvd.rank()::hvd.size()]
     dataset = tf.data.Dataset.from_tensor_slices((images, labels)).repeat().shuffle(
         256, seed=hvd.rank()).batch(32)
     keras.utils.set_random_seed(hvd.rank())  # different on purpose: the broadcast aligns them

@@ -30,11 +30,11 @@ PER_WORKER_BATCH = 32
 
 def digits_dataset(batch: int, shard: tuple[int, int] = (1, 0)) -> tf.data.Dataset:
     """Digits in batches of ``batch``; ``shard``: (workers, rank), this worker's part only."""
-    from sklearn.datasets import load_digits
+    from bench.digits import load_digits
 
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, digits.target.astype(np.int64)))
+    images, target = load_digits()
+    x = (images / 16.0).astype(np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, target.astype(np.int64)))
     return dataset.shard(*shard).shuffle(2000, seed=1).repeat().batch(batch)
 
 
