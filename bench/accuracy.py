@@ -95,10 +95,14 @@ def tfscale_run(name: str, data_dir: Path, epochs: int, seed: int) -> dict[str, 
             "examples": results["evaluations"][-1]["examples"], "flags": " ".join(flags)}
 
 
-def keras_run(data_dir: Path, epochs: int, seed: int) -> dict[str, Any]:
+def keras_run(data_dir: Path, epochs: int, seed: int, num_classes: int = 10,
+              warmup_steps: int | None = None) -> dict[str, Any]:
+    """bench.accuracy_keras's run (warmup: one epoch, or ``warmup_steps``)."""
+    warmup = [] if warmup_steps is None else ["--warmup_steps", str(warmup_steps)]
     out = run_script([sys.executable, "-m", "bench.accuracy_keras", "--data_dir", str(data_dir),
                       "--epochs", str(epochs), "--batch_size", str(BATCH),
-                      "--learning_rate", str(BASE_LR), "--seed", str(seed)], timeout=3600)
+                      "--learning_rate", str(BASE_LR), "--seed", str(seed),
+                      "--num_classes", str(num_classes), *warmup], timeout=3600)
     history = [{k: e[k] for k in ("epoch", "seconds", "val_accuracy")} for e in out["epochs"]]
     return {"name": "keras", "seed": seed, "global_batch": BATCH, "history": history,
             "train_seconds": history[-1]["seconds"], "examples": out["validation_examples"],

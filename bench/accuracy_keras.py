@@ -67,6 +67,9 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=0.05)
     parser.add_argument("--warmup_epochs", type=float, default=1.0)
+    parser.add_argument("--warmup_steps", type=int, default=None,
+                        help="linear warmup in steps (overrides --warmup_epochs)")
+    parser.add_argument("--num_classes", type=int, default=10)
     parser.add_argument("--image_size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -75,10 +78,11 @@ def main() -> None:
     x_val, y_val = load(args.data_dir, "validation", args.image_size)
     steps_per_epoch = len(x_train) // args.batch_size
     total = steps_per_epoch * args.epochs
-    warmup = int(args.warmup_epochs * steps_per_epoch)
+    warmup = (args.warmup_steps if args.warmup_steps is not None
+              else int(args.warmup_epochs * steps_per_epoch))
     schedule = keras.optimizers.schedules.CosineDecay(
         0.0, total - warmup, warmup_target=args.learning_rate, warmup_steps=warmup)
-    model = resnet50((args.image_size, args.image_size, 3), 10, width=1 / 16)
+    model = resnet50((args.image_size, args.image_size, 3), args.num_classes, width=1 / 16)
     model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
