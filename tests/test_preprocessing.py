@@ -53,7 +53,7 @@ def write_folder(root: Path, images: dict[str, np.ndarray]) -> None:
 
 
 @pytest.mark.parametrize(("size", "augment", "flip", "crop"), [
-    (16, "small", False, 1.0), (32, "small", False, 1.0), (127, "small", False, 1.0),
+    (16, "none", False, 1.0), (32, "none", False, 1.0), (127, "none", False, 1.0),
     (128, "imagenet", True, 0.875), (224, "imagenet", True, 0.875)])
 def test_auto_resolves_by_image_size(size, augment, flip, crop):
     got = resolved(size)
@@ -64,7 +64,8 @@ def test_auto_resolves_by_image_size(size, augment, flip, crop):
 
 def test_explicit_choices_override_auto():
     assert resolved(32, augment="small").flip  # asked for: the CIFAR recipe flips
-    assert resolved(32, horizontal_flip="on").flip
+    flips = resolved(32, horizontal_flip="on")
+    assert (flips.augment, flips.flip) == ("flip", True)
     assert not resolved(224, horizontal_flip="off").flip
     assert not resolved(224, augment="none").flip
     assert resolved(32, augment="flip").flip

@@ -53,10 +53,12 @@ HELP: dict[str, str] = {
     "crop (8-100% of the area) + flip; small: the whole image resized, padded by 1/8 of the side "
     "and randomly cropped back + flip (the CIFAR recipe); flip: the whole image resized + flip; "
     "none: the whole image resized, nothing else. auto: imagenet for --image_size >= 128, else "
-    "small without flip.",
+    "none (flip with --horizontal_flip=on): on small images every shift tried slowed the time to "
+    "accuracy of a 10-epoch run on two real datasets (docs/ACCURACY.md); small is for long runs "
+    "on natural images.",
     "horizontal_flip": "Random left-right flips in training (augment modes imagenet, small, "
-    "flip). auto: on, except for --augment=auto on images < 128 px (a mirror changes a digit or "
-    "a letter).",
+    "flip). auto: on for those modes; --augment=auto on images < 128 px resolves to none, which "
+    "never flips (a mirror changes a digit or a letter).",
     "eval_crop_fraction": "Evaluation central crop as a fraction of the shorter side (0.875 = "
     "224 of 256); 0 = auto: 0.875 for --image_size >= 128, else 1.0 (the whole image).",
     "normalization": "Pixel normalization. imagenet: ImageNet mean/std; dataset: the training "
