@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -103,12 +104,18 @@ def convert(folder: Path, records: Path, shards: int) -> None:
          "--encoding", "keep"], cwd=ROOT, check=True, capture_output=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def command_line(doc: str, make: Callable[[Path, int], Path]) -> None:
+    """A dataset module's ``--out DIR [--size N]`` command: makes the data, prints its
+    TFRecord directory."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--size", type=int, default=32)
     args = parser.parse_args()
-    print(prepare(args.out, args.size))
+    print(make(args.out, args.size))
+
+
+def main() -> None:
+    command_line(__doc__, prepare)
 
 
 if __name__ == "__main__":

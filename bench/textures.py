@@ -15,12 +15,11 @@ Needs scikit-image (requirements-bench.txt).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
-from bench.digits import convert, write_pngs
+from bench.digits import command_line, convert, write_pngs
 
 TEXTURES = ("brick", "grass", "gravel")
 CLASSES = len(TEXTURES)
@@ -55,11 +54,7 @@ def prepare(out: Path, size: int = 32, shards: int = 4) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--size", type=int, default=32)
-    args = parser.parse_args()
-    print(prepare(args.out, args.size))
+    command_line(__doc__, prepare)
 
 
 if __name__ == "__main__":
