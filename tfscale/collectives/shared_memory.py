@@ -296,6 +296,10 @@ class NodeExchange:
                 return
             spins += 1
             if spins < _SPINS:
+                # Hands the core to a peer that shares it (more processes than cores: a
+                # spinning wait would hold it until preempted, milliseconds later); returns at
+                # once when no other process is waiting for this core.
+                os.sched_yield()
                 continue
             now = time.monotonic()
             if not deadline:
