@@ -65,3 +65,22 @@ LONGEST_FIRST = ("test_minicluster.py", "test_reliability.py", "test_strategies.
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def assert_exchange_share_logged(stdout: str, model_dir: Path, steps: list[int]) -> None:
+    """Several workers: each progress line after the compiled first step shows the exchange's
+    share, and TensorBoard holds it (a fraction) and the exchange's ms per step at each."""
+    import tensorflow as tf
+
+    lines = [ln for ln in stdout.splitlines() if "images/s (exchange " in ln]
+    assert len(lines) == len(steps), stdout[-3000:]
+    seen: dict[str, dict[int, float]] = {}
+    for path in sorted((model_dir / "tensorboard" / "steps").glob("events.out.tfevents*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                seen.setdefault(value.tag, {})[event.step] = float(
+                    tf.make_ndarray(value.tensor))
+    assert sorted(seen["step/exchange_share"]) == steps, seen
+    assert sorted(seen["step/exchange_ms"]) == steps, seen
+    assert all(0 < v < 1 for v in seen["step/exchange_share"].values()), seen
+    assert all(v > 0 for v in seen["step/exchange_ms"].values()), seen

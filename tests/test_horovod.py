@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, horovodrun, read_results, requires_horovod, run_process, run_train
+from tests.conftest import (
+    TINY,
+    assert_exchange_share_logged,
+    horovodrun,
+    read_results,
+    requires_horovod,
+    run_process,
+    run_train,
+)
 from tests.equivalence import WORKER, assert_replicas_equal, max_abs_diff, reference
 
 pytestmark = [pytest.mark.slow, requires_horovod]
@@ -59,7 +67,7 @@ def test_num_processes_launcher_linear_scaling_and_accumulation(tmp_path: Path) 
     # global batch (and so images/s) counts both workers' micro-batches.
     proc = run_train(*TINY, "--strategy=horovod", "--num_processes=2", "--steps=4",
                      "--grad_accum_steps=2", "--lr_scaling=linear", "--learning_rate=0.05",
-                     f"--model_dir={tmp_path}")
+                     "--tensorboard=true", f"--model_dir={tmp_path}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[0] step 4/4" in proc.stdout and "[0] step 5" not in proc.stdout
     assert "global batch 16 (4 per replica x 2 micro-batches per step)" in proc.stdout
@@ -75,6 +83,8 @@ def test_num_processes_launcher_linear_scaling_and_accumulation(tmp_path: Path) 
     assert results["images_per_sec"] == pytest.approx(16 * 1000 / results["step_time_ms"])
     assert results["images_per_sec_per_worker"] == pytest.approx(results["images_per_sec"] / 2)
     assert (tmp_path / "checkpoints" / "ckpt-000000004.npz").exists()
+    # The shared-memory exchange's share of each step after the compiled first.
+    assert_exchange_share_logged(proc.stdout, tmp_path, [2, 3, 4])
 
 
 def _python_train() -> list[str]:

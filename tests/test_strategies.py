@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from launch.local import supervise, tf_config_envs
-from tests.conftest import TINY, read_results, run_process, run_train
+from tests.conftest import (
+    TINY,
+    assert_exchange_share_logged,
+    read_results,
+    run_process,
+    run_train,
+)
 from tests.equivalence import WORKER, assert_replicas_equal, load_weights, max_abs_diff, reference
 
 pytestmark = pytest.mark.slow
@@ -85,13 +91,16 @@ def test_xla_jit_compiles_the_model_and_stays_equivalent(run, tmp_path: Path) ->
 def test_train_cli_multiworker_and_mirrored(tmp_path: Path) -> None:
     # 2 validation batches of 4 per worker x 2 workers (multiworker), of 8 in one process
     # (mirrored): each evaluation covers 16 examples, counted once per process.
+    # gRPC collectives: the strategy's own all-reduce, timed for the exchange's share.
     proc = run_train(*TINY, "--strategy=multiworker", "--num_processes=2", "--steps=3",
-                     "--validation_steps=2", f"--model_dir={tmp_path / 'mw'}")
+                     "--validation_steps=2", "--node_exchange=collectives",
+                     "--tensorboard=true", f"--model_dir={tmp_path / 'mw'}")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "INFO:tensorflow" not in proc.stdout
     results = read_results(tmp_path / "mw")
     assert results["num_workers"] == 2 and results["global_batch_size"] == 8
     assert [e["examples"] for e in results["evaluations"]] == [16]
+    assert_exchange_share_logged(proc.stdout, tmp_path / "mw", [2, 3])
     # Mirrored with 2 micro-batches per step: Keras splits the process's 16 examples between
     # the replicas, each replica splits its 8 into micro-batches; evaluation is unchanged.
     proc = run_train(*TINY, "--strategy=mirrored", "--cpu_replicas=2", "--steps=3",

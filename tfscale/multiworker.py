@@ -213,10 +213,12 @@ def keep_logs_local(strategy: tf.distribute.Strategy) -> None:
 
 
 def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
-                       reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+                       reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None,
                        ) -> keras.optimizers.Optimizer:
     """Makes ``optimizer`` sum its gradients over the replicas with ``reduce`` (tensors in,
-    their sums over all replicas out) instead of the strategy's all-reduce.
+    their sums over all replicas out) instead of the strategy's all-reduce; with None, with
+    the strategy's all-reduce as before, only timed (:mod:`tfscale.collectives.timing`, when
+    enabled: the exchange's share of the step).
 
     Keras 3's TensorFlow optimizer sums the gradients in ``_all_reduce_sum_gradients`` (the
     loss is already divided by the number of replicas); that method is replaced on this
@@ -225,6 +227,8 @@ def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
     gradients. The ``multiworker`` strategy passes its shared-memory all-reduce. The class keeps
     its name and module, so a saved model reloads with the plain optimizer.
     """
+    from tfscale.collectives import timing
+
     target = getattr(optimizer, "inner_optimizer", optimizer)
     base = type(target)
 
@@ -233,9 +237,14 @@ def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
         present = [i for i, (g, _) in enumerate(pairs) if g is not None]
         if not present or tf.distribute.get_replica_context() is None:
             return pairs
-        sums = reduce([tf.convert_to_tensor(pairs[i][0]) for i in present])
-        for i, total in zip(present, sums, strict=True):
-            pairs[i] = (total, pairs[i][1])
+        started = timing.start([pairs[i][0] for i in present])
+        if reduce is None:
+            pairs = list(base._all_reduce_sum_gradients(self, pairs))
+        else:
+            sums = reduce([tf.convert_to_tensor(pairs[i][0]) for i in present])
+            for i, total in zip(present, sums, strict=True):
+                pairs[i] = (total, pairs[i][1])
+        timing.stop(started, [pairs[i][0] for i in present])
         return pairs
 
     target.__class__ = type(base.__name__, (base,), {

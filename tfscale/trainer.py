@@ -39,6 +39,7 @@ from tfscale import (
 )
 from tfscale._prepare import prepare
 from tfscale.checkpointing import CheckpointManager
+from tfscale.collectives import timing
 from tfscale.collectives.optimizer import lag_slots
 from tfscale.config import TrainConfig
 from tfscale.errors import EXIT_NON_FINITE, EXIT_PREEMPTED, TrainingStopped
@@ -199,6 +200,11 @@ class Trainer:
         (the one path for the CLI and users' scripts, which owns their order)."""
         cfg = self.config
         keras.utils.set_random_seed(cfg.seed)
+        # The exchange's share of each step, for the progress lines and TensorBoard: with
+        # several workers, where the step's graph can hold the timestamps (not one that XLA
+        # compiles whole, nor a deterministic one: TensorFlow refuses timestamps there).
+        timing.enable(self.strategy.size > 1 and self.strategy.jit_compiles != "step"
+                      and not cfg.deterministic)
         with self.strategy.scope():
             model = models.MODELS.get(cfg.model)(cfg)
             optimizer = build_optimizer(cfg, self.strategy.num_replicas, total_steps)

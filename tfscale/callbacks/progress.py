@@ -13,6 +13,7 @@ import numpy as np
 
 from tfscale import rank_zero
 from tfscale.callbacks.step import optimizer_step
+from tfscale.collectives import timing
 from tfscale.durations import clock
 
 
@@ -22,7 +23,10 @@ class Window:
 
     ``images_per_sec`` and ``step_time_ms`` are NaN for a window whose only step was the
     first of a ``fit`` call (tracing and compilation), ``eta`` and ``epoch_eta`` until a step
-    after the first has been timed.
+    after the first has been timed. ``exchange_ms`` (the mean time a step waited for its
+    gradient exchange) and ``exchange_share`` (that over the mean step time) are NaN unless
+    the exchange is timed (:mod:`tfscale.collectives.timing`: ``tfscale.train`` with several
+    workers).
     """
 
     step: int
@@ -38,12 +42,17 @@ class Window:
     eta: float
     epoch_elapsed: float
     epoch_eta: float
+    exchange_ms: float = math.nan
+    exchange_share: float = math.nan
 
     def line(self) -> str:
         """``step 40/100  loss 0.1234  12.30 images/s  elapsed 0:01:02  ETA 0:01:30  |  epoch
-        2 15/30  elapsed 0:00:20  ETA 0:00:15``."""
+        2 15/30  elapsed 0:00:20  ETA 0:00:15``; ``12.30 images/s (exchange 23%)`` when the
+        exchange is timed."""
         rate = ("images/s after compilation" if math.isnan(self.images_per_sec)
                 else f"{self.images_per_sec:.2f} images/s")
+        if math.isfinite(self.exchange_share):
+            rate += f" (exchange {self.exchange_share:.0%})"
         return (f"step {self.step}/{self.total_steps}  loss {self.loss:.4f}  {rate}  "
                 f"elapsed {clock(self.elapsed)}  ETA {_eta(self.eta)}  |  epoch {self.epoch} "
                 f"{self.epoch_step}/{self.epoch_steps}  elapsed {clock(self.epoch_elapsed)}  "
@@ -133,6 +142,8 @@ class ProgressLogger(keras.callbacks.Callback):
         self._mark = (seen, mean)
         timed, seconds = self._window
         self._window = (0, 0.0)
+        exchange_s, exchanges = timing.CLOCK.take()
+        exchange = exchange_s / exchanges if exchanges else math.nan
         done, length = self._epoch_position(batch, step)
         per_step = self._seconds_per_step(now, step)
         started = now if self._run_start is None else self._run_start
@@ -143,13 +154,15 @@ class ProgressLogger(keras.callbacks.Callback):
             step_time_ms=1000.0 * seconds / timed if timed else math.nan,
             learning_rate=self._learning_rate(), elapsed=now - started,
             eta=per_step * (self.total_steps - step), epoch_elapsed=now - self._epoch_start,
-            epoch_eta=per_step * (length - done))
+            epoch_eta=per_step * (length - done), exchange_ms=1000.0 * exchange,
+            exchange_share=exchange * timed / seconds if timed else math.nan)
         rank_zero.log(window.line())
         for listener in self.listeners:
             listener(window)
 
     def _time_step(self, now: float, step: int) -> None:
         if self._last is None:
+            timing.CLOCK.take()  # the compiled step's exchange, like its time, is left out
             if self.compile_seconds is None:
                 self.compile_seconds = now - self._fit_start
                 rank_zero.log(f"first step compiled in {self.compile_seconds:.1f} s "

@@ -10,12 +10,15 @@ from tfscale.callbacks.progress import Window
 
 # tag -> the Window field it shows
 TAGS = {"step/loss": "loss", "step/learning_rate": "learning_rate",
-        "step/images_per_sec": "images_per_sec", "step/step_time_ms": "step_time_ms"}
+        "step/images_per_sec": "images_per_sec", "step/step_time_ms": "step_time_ms",
+        "step/exchange_ms": "exchange_ms", "step/exchange_share": "exchange_share"}
 
 
 class StepSummaries:
     """A :class:`~tfscale.callbacks.ProgressLogger` listener that writes each window's loss,
-    learning rate, images/s and step time as TensorBoard scalars at the window's step, under
+    learning rate, images/s, step time and, when the exchange is timed (several workers under
+    ``tfscale.train``), the time a step waited for its gradient exchange and that time's share
+    of the step, as TensorBoard scalars at the window's step, under
     ``directory``: every ``every`` steps of the logger, beside Keras' epoch scalars and the
     evaluation's. Create it on the chief only::
 

@@ -11,7 +11,9 @@ whose workers share a host), the gradients are summed through a shared-memory se
 ring, which carries them over loopback TCP: for an ``mlp``'s 7.4 MB between two workers, 15.6 ms
 against the step's 5.3 ms of compute (bench/RESULTS.md). So are the framework's host values
 (stop flags, evaluation sums, the epoch's logs); ``--sync_bn``'s sums stay on TensorFlow's
-collectives.
+collectives. On several such hosts with as many workers each, shared memory carries the node
+phases of the hierarchical all-reduce and a TensorFlow collective (gRPC) among the workers of
+each local index the cross-node phase; the host values then take the strategy's collectives.
 
 Each step's logged loss and metrics are the worker's own, as under Horovod, and each epoch's
 are averaged over the workers (``MetricAverage``, first in the callbacks): averaging them every
@@ -166,11 +168,14 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         return None if reduce is None else transient(reduce)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-        if self.reduce is None:
-            return optimizer
+        from tfscale.collectives import timing
         from tfscale.multiworker import sum_gradients_with
 
-        return sum_gradients_with(optimizer, self.reduce.sum)
+        if self.reduce is not None:
+            return sum_gradients_with(optimizer, self.reduce.sum)
+        if timing.CLOCK.enabled and self.replicas_in_process == 1:
+            return sum_gradients_with(optimizer, None)  # the strategy's own, timed
+        return optimizer
 
     def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
         # With shared memory, the host collectives (the guard's flags, evaluation sums) take
