@@ -94,7 +94,7 @@ ALL_SCRIPTS = pytest.mark.skipif(os.environ.get("TFSCALE_CLUSTER_ALL") != "1",
 
 @pytest.mark.usefixtures("cluster")
 @pytest.mark.parametrize("launcher, strategy, exchange", [
-    ("slurm", "multiworker", "inside a node: gRPC (auto collectives); across nodes: gRPC "
+    ("slurm", "multiworker", "inside a node: shared memory; across nodes: gRPC "
                              "(auto collectives)"),
     # ddl across nodes is Horovod over MPI, as the mpirun case and the requeue test (Slurm) run
     # it; its own script runs with TFSCALE_CLUSTER_ALL=1.
@@ -191,18 +191,20 @@ def _read(path: Path) -> str:
 
 
 GRPC = "inside a node: gRPC (auto collectives); across nodes: gRPC (auto collectives)"
-# CI runs the hierarchical (shared memory + MPI) and the gRPC case; TFSCALE_CLUSTER_ALL=1
-# runs every strategy x mode (ddl's hierarchy is horovod's across nodes, and its Horovod
-# process sets are tested on simulated nodes in test_ddl).
+SHARED_GRPC = "inside a node: shared memory; across nodes: gRPC (auto collectives)"
+# CI runs the hierarchical cases (shared memory + MPI, shared memory + gRPC) and the gRPC
+# case; TFSCALE_CLUSTER_ALL=1 runs every strategy x mode (ddl's hierarchy is horovod's across
+# nodes, and its Horovod process sets are tested on simulated nodes in test_ddl).
 ALL = pytest.mark.skipif(os.environ.get("TFSCALE_CLUSTER_ALL") != "1",
                          reason="the full strategy x --node_exchange matrix runs with "
-                                "TFSCALE_CLUSTER_ALL=1 (CI runs two of its eight cases)")
+                                "TFSCALE_CLUSTER_ALL=1 (CI runs three of its nine cases)")
 
 
 @pytest.mark.usefixtures("cluster")
 @pytest.mark.parametrize("strategy, exchange, transport", [
     ("horovod", "auto", SHARED_MPI),
     ("multiworker", "collectives", GRPC),
+    ("multiworker", "shared_memory", SHARED_GRPC),
     pytest.param("ddl", "shared_memory", SHARED_MPI, marks=ALL),
     pytest.param("ddl", "collectives",
                  "inside a node: Horovod (MPI); across nodes: Horovod (MPI)", marks=ALL),
@@ -210,7 +212,7 @@ ALL = pytest.mark.skipif(os.environ.get("TFSCALE_CLUSTER_ALL") != "1",
     pytest.param("horovod", "collectives",
                  "inside a node: Horovod (MPI); across nodes: Horovod (MPI)", marks=ALL),
     pytest.param("ddl", "auto", SHARED_MPI, marks=ALL),
-    pytest.param("multiworker", "auto", GRPC, marks=ALL),
+    pytest.param("multiworker", "auto", SHARED_GRPC, marks=ALL),
 ])
 def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
         strategy: str, exchange: str, transport: str, tmp_path: Path) -> None:
@@ -224,16 +226,6 @@ def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
     assert max_abs_diff(reference(tmp_path / "ref", 16, steps=2), distributed) < 1e-5
     describe = json.loads((tmp_path / "dist" / "rank0.json").read_text())["describe"]
     assert transport in describe, describe
-
-
-@pytest.mark.usefixtures("cluster")
-def test_multiworker_refuses_shared_memory_across_nodes_in_one_line(tmp_path: Path) -> None:
-    run = _on_cluster("srun", "-N2", "--ntasks-per-node=1", *WORKER, "--strategy=multiworker",
-                      "--node_exchange=shared_memory", f"--out={tmp_path}")
-    assert run.returncode != 0
-    assert ("--node_exchange=shared_memory: --strategy=multiworker exchanges through shared "
-            "memory only with all workers on one node, and they run on 2 hosts (node1, node2)"
-            in run.stderr), run.stderr[-2000:]
 
 
 def test_the_cluster_module_answers_without_a_cluster() -> None:

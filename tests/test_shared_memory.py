@@ -267,7 +267,7 @@ def test_horovod_takes_shared_memory_only_on_one_node(monkeypatch: pytest.Monkey
         reduction("shared_memory", 2)
 
 
-def test_multiworker_takes_shared_memory_only_on_one_host() -> None:
+def test_multiworker_takes_shared_memory_only_with_equal_nodes() -> None:
     import tensorflow as tf
 
     from tfscale.config import TrainConfig
@@ -279,11 +279,14 @@ def test_multiworker_takes_shared_memory_only_on_one_host() -> None:
         strategy.tf_strategy, strategy._rank, strategy._size = tf.distribute.get_strategy(), 0, 1
         return strategy._shared_memory_reduce(workers)
 
-    two_hosts = ["node1:2222", "node2:2222"]
-    assert reduction("auto", two_hosts) is None
+    # One worker per host: nothing to share inside a node.
+    assert reduction("auto", ["node1:2222", "node2:2222"]) is None
+    assert reduction("shared_memory", ["node1:2222", "node2:2222"]) is None
     assert reduction("auto", ["localhost:1", "localhost:2"], xla="jit") is None
     assert reduction("collectives", ["localhost:1", "localhost:2"]) is None
-    with pytest.raises(ValueError, match=r"only with all workers on one node, and they run on 2 "
-                                         r"hosts \(node1, node2\); --strategy=ddl uses it "
-                                         "inside each node; use --node_exchange=collectives"):
-        reduction("shared_memory", two_hosts)
+    unequal = ["node1:1", "node1:2", "node2:1"]
+    assert reduction("auto", unequal) is None
+    with pytest.raises(ValueError, match=r"inside nodes only with as many workers on every "
+                                         r"node, and its 2 hosts run node1 2, node2 1; use "
+                                         "--node_exchange=collectives"):
+        reduction("shared_memory", unequal)

@@ -32,6 +32,7 @@ from tfscale.collectives.hierarchical import (
     new_token,
     node_exchange,
     node_exchange_for,
+    tf_cross_node_sum,
 )
 
 #: The environment variable that chooses a user script's node exchange (``--node_exchange``'s
@@ -144,10 +145,13 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
     """The shared-memory all-reduce of ``tf.distribute`` workers' gradients where
     :func:`placement.plan_exchange` takes it, else None, and the plan.
 
-    Shared memory carries them only with every worker on one host (a tf.distribute cluster
-    has no transport of its own for a hierarchy) and one replica per worker. A collective
-    where the mode allows shared memory and ``why_not`` is empty: every worker decides alike
-    from the same mode, workers and reasons, and then all call ``sum_all``.
+    On one host, shared memory carries the whole all-reduce. On several, it carries the node
+    phases of the hierarchical all-reduce, and the cluster's own collective (gRPC) the
+    cross-node phase among the workers with the same local index
+    (:func:`~tfscale.collectives.hierarchical.tf_cross_node_sum`); every host must then run as
+    many workers. One replica per worker. A collective where the mode allows shared memory and
+    ``why_not`` is empty: every worker decides alike from the same mode, workers and reasons,
+    and then all call ``sum_all``.
 
     Args:
         rank: this worker's index in ``workers``.
@@ -165,11 +169,11 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
     """
     hosts = [worker.rsplit(":", 1)[0] for worker in workers]
     nodes = [[r for r, h in enumerate(hosts) if h == host] for host in dict.fromkeys(hosts)]
-    if not why_not and len(nodes) > 1:
-        why_not = (f"--strategy=multiworker exchanges through shared memory only with all "
-                   f"workers on one node, and they run on {len(nodes)} hosts "
-                   f"({', '.join(dict.fromkeys(hosts))}); --strategy=ddl uses it inside "
-                   "each node")
+    sizes = sorted({len(node) for node in nodes})
+    if not why_not and len(sizes) > 1:
+        why_not = (f"--strategy=multiworker exchanges through shared memory inside nodes only "
+                   f"with as many workers on every node, and its {len(nodes)} hosts run "
+                   + ", ".join(f"{h} {hosts.count(h)}" for h in dict.fromkeys(hosts)))
     if mode == "collectives" or why_not:
         if mode == "shared_memory":
             raise ValueError(f"--node_exchange=shared_memory: {why_not}; use "
@@ -181,10 +185,15 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
     # 48-bit integer is exact in float64).
     token = int(sum_all(np.array([float(new_token()) if rank == 0 else 0.0]))[0])
     plan = placement.plan_exchange(mode, nodes, domains, transport)
-    node = node_exchange_for(token, Topology.regular(size, size, rank), plan, timeout_s)
+    topology = Topology(tuple(tuple(node) for node in nodes), rank)
+    node = node_exchange_for(token, topology, plan, timeout_s)
     if node is None:
         return None, plan
-    return HierarchicalAllReduce.on_one_node(node, name="tfscale.multiworker", plan=plan), plan
+    if topology.num_nodes == 1:
+        return HierarchicalAllReduce.on_one_node(node, name="tfscale.multiworker",
+                                                 plan=plan), plan
+    return HierarchicalAllReduce.with_cross_sum(node, topology, tf_cross_node_sum(topology),
+                                                "tfscale.multiworker", plan), plan
 
 
 def transient(reduce: HierarchicalAllReduce, compression: bool = False,

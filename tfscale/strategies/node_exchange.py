@@ -10,9 +10,10 @@ NODE_EXCHANGE = Option(
     "node_exchange", "auto",
     "horovod, ddl, multiworker: how the processes of one node exchange gradients. "
     "shared_memory: through a /dev/shm segment (x86-64, CPU workers): the whole all-reduce for "
-    "horovod and multiworker when every worker is on one node, the node phases of ddl's "
-    "hierarchical all-reduce; collectives: the strategy's own transport (Horovod's Gloo/MPI, "
-    "TensorFlow's gRPC ring). auto: shared_memory where it applies (CPU-only x86-64 workers on "
-    "one node for horovod, inside each node for ddl and multi-node horovod), else collectives. "
+    "horovod and multiworker when every worker is on one node, else the node phases of a "
+    "hierarchical all-reduce whose cross-node phase takes the strategy's own transport; "
+    "collectives: the strategy's own transport (Horovod's Gloo/MPI, TensorFlow's gRPC ring). "
+    "auto: shared_memory where it applies (CPU-only x86-64 workers, several per node; "
+    "multiworker also needs as many workers on every node), else collectives. "
     "--ddl_node_exchange is the old name.",
     choices=MODES)
