@@ -1,0 +1,80 @@
+"""One rank of bench.shaped_links' link measurement, started by ``srun --mpi=pmix``.
+
+With one rank per node it times Horovod's all-reduce (MPI, the transport tfscale's strategies
+take across nodes) of one float32 tensor per size; with every rank on one node it times
+tfscale's shared-memory node exchange instead (the in-node phase of the hierarchical
+all-reduce). Rank 0 prints one JSON line: seconds per call for each size in bytes, the bus
+bandwidth of each (nccl-tests' definition, bytes / time x 2(n-1)/n) and the small-message time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import horovod.tensorflow as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+SIZES_MB = (1, 4, 16, 64)
+SMALL_BYTES = 4  # one float32: the time of a call is its latency
+
+
+def _timed(call: Callable[[], object], barrier: Callable[[], object], seconds: float,
+           name: str) -> float:
+    """Seconds per call: warm-up, a barrier, then as many calls as fit ``seconds`` (at least 3;
+    every rank makes as many, because rank 0's count is agreed first)."""
+    call()
+    barrier()
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    wanted = np.array([max(3, min(200, int(seconds / max(first, 1e-6))))], np.int32)
+    repeats = int(hvd.broadcast(tf.constant(wanted), 0, name=f"repeats-{name}")[0])
+    barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    hvd.init()
+    n = hvd.size()
+    one_node = hvd.cross_size() == 1
+    barrier: Callable[[], object] = lambda: hvd.allreduce(tf.zeros(1), name="barrier").numpy()  # noqa: E731
+    if one_node:
+        from tfscale.collectives.shared_memory import NodeExchange
+
+        node = NodeExchange(f"bench{os.environ.get('SLURM_JOB_ID', os.getpid())}",
+                            hvd.local_rank(), hvd.local_size())
+        transport = "shared memory"
+
+        def reducer(values: np.ndarray) -> Callable[[], object]:
+            return lambda: node.all_reduce(values, copy=False)
+    else:
+        transport = "Horovod (MPI)" if hvd.mpi_enabled() else "Horovod (Gloo)"
+
+        def reducer(values: np.ndarray) -> Callable[[], object]:
+            tensor = tf.constant(values)
+            return lambda: hvd.allreduce(tensor, op=hvd.Sum, name=f"v{values.size}").numpy()
+
+    rows = []
+    for nbytes in (SMALL_BYTES, *(mb * 2**20 for mb in SIZES_MB)):
+        values = np.ones(nbytes // 4, np.float32)
+        seconds = _timed(reducer(values), barrier, 2.0, str(nbytes))
+        rows.append({"bytes": nbytes, "seconds": seconds,
+                     "busbw_GBps": nbytes / seconds * 2 * (n - 1) / n / 1e9})
+    if hvd.rank() == 0:
+        print(json.dumps({"ranks": n, "nodes": hvd.cross_size(), "transport": transport,
+                          "small_message_us": rows[0]["seconds"] * 1e6, "sizes": rows[1:]}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Scaling across shaped links: the two-node mini-cluster with its links between nodes limited
+by ``tc`` (token bucket, per direction), and the forecast of every run.
+
+For each link speed, in alternating rounds:
+
+- the all-reduce bus bandwidth between the nodes (Horovod over MPI, one rank per node;
+  nccl-tests' definition) and the link's latency (TCP ping-pong);
+- ``mlp`` and ``resnet50`` (64 px) weak scaling: 1x1 and 1x2 (one node, no link), 2x1, and
+  2x2 flat (one Horovod all-reduce over the 4 ranks, ``--node_exchange=collectives``), 2x2
+  hierarchical (shared memory inside each node, Horovod across; with ``--strategy=horovod``
+  and ``--strategy=ddl``), horovod's flat and hierarchical also with ``--fp16_allreduce``, and
+  ``--strategy=multiworker`` flat (TensorFlow's gRPC ring) and hierarchical (shared memory
+  inside each node, gRPC across).
+
+Each run is set against the floor its link sets (compute + bytes crossing the link / the
+shaped rate) and against ``tfscale.forecast``, whose machine is calibrated on the round's own
+1-node runs and link measurements only (never on a 2-node run).
+
+Every node has one core of this machine (launch.minicluster), so the 2 ranks of a node share
+it. The kernel here has no ``netem``: latency is the path's own, measured, not added.
+
+    python -m bench.shaped_links [--rounds 2 --links 1,10,25]   (as root)
+    python -m bench.shaped_links --report                         (tables from the last run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import OUT, ROOT, cpu_description, in_round_order, save
+
+CLUSTER = [sys.executable, "-m", "launch.minicluster"]
+NODES = ("node1", "node2")
+PORT = 47011
+MODELS = {
+    "mlp": ["--model=mlp", "--image_size=32", "--batch_size=64", "--steps=60",
+            "--log_every=30"],
+    "resnet50": ["--model=resnet50", "--image_size=64", "--batch_size=16", "--steps=8",
+                 "--log_every=4"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One run's shape: nodes x ranks per node, strategy and exchange flags."""
+
+    name: str
+    nodes: int
+    local: int
+    strategy: str = "horovod"
+    flags: tuple[str, ...] = ()
+    algorithm: str = "flat"  # the forecast's name for its exchange
+
+    @property
+    def fp16(self) -> bool:
+        return "--fp16_allreduce" in self.flags
+
+    @property
+    def uses_link(self) -> bool:
+        return self.nodes > 1
+
+
+ONE_NODE = (Layout("1x1", 1, 1), Layout("1x2", 1, 2, flags=("--node_exchange=shared_memory",),
+                                        algorithm="hierarchical"))
+ACROSS = (
+    Layout("2x1", 2, 1),
+    Layout("2x2 flat", 2, 2, flags=("--node_exchange=collectives",)),
+    Layout("2x2 flat fp16", 2, 2, flags=("--node_exchange=collectives", "--fp16_allreduce")),
+    Layout("2x2 hierarchical", 2, 2, flags=("--node_exchange=shared_memory",),
+           algorithm="hierarchical"),
+    Layout("2x2 hierarchical fp16", 2, 2,
+           flags=("--node_exchange=shared_memory", "--fp16_allreduce"), algorithm="hierarchical"),
+    Layout("2x2 ddl", 2, 2, strategy="ddl", algorithm="hierarchical"),
+    Layout("2x2 multiworker flat", 2, 2, strategy="multiworker",
+           flags=("--node_exchange=collectives",)),
+    Layout("2x2 multiworker hierarchical", 2, 2, strategy="multiworker",
+           flags=("--node_exchange=shared_memory",), algorithm="hierarchical"),
+)
+
+
+def _cluster(*args: str, timeout: float = 900, on: str = "") -> subprocess.CompletedProcess[str]:
+    where = ["--on", on] if on else []
+    return subprocess.run([*CLUSTER, "exec", *where, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def shape(gbit: float) -> None:
+    """Limits each node's outgoing traffic to ``gbit`` Gbit/s (0: no limit). The bucket holds
+    1 ms of traffic (at least 256 KiB) and its queue 20 ms, so nothing is dropped."""
+    for node in NODES:
+        subprocess.run(["tc", "-n", f"tfsc-{node}", "qdisc", "del", "dev", "eth0", "root"],
+                       capture_output=True, check=False)
+        if gbit:
+            burst = max(int(gbit * 1e9 / 8 * 1e-3), 256 * 1024)
+            subprocess.run(["tc", "-n", f"tfsc-{node}", "qdisc", "add", "dev", "eth0", "root",
+                            "tbf", "rate", f"{gbit:g}gbit", "burst", str(burst), "latency",
+                            "20ms"], check=True)
+
+
+def link_figures() -> dict[str, Any]:
+    """Bus bandwidth of the all-reduce across the link (one rank per node), and its latency."""
+    env = {**os.environ, "HOROVOD_CYCLE_TIME": "0.5"}
+    proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", "--ntasks-per-node=1",
+                           "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m",
+                           "bench.link_allreduce_worker"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"link all-reduce failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    figures: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    server = subprocess.Popen([*CLUSTER, "exec", "--on", NODES[1], sys.executable, "-m",
+                               "bench.link_pingpong", "serve", str(PORT)], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        ping = _cluster(sys.executable, "-m", "bench.link_pingpong", "ping", NODES[1], str(PORT),
+                        on=NODES[0], timeout=120)
+        if ping.returncode:
+            raise RuntimeError(f"ping-pong failed: {ping.stderr[-1000:]}")
+        figures["pingpong"] = json.loads(ping.stdout.strip().splitlines()[-1])
+    finally:
+        server.wait(timeout=60)
+    return figures
+
+
+def in_node_figures() -> dict[str, Any]:
+    """The shared-memory exchange between the 2 ranks of one node."""
+    proc = _cluster("srun", "-N1", "-w", NODES[0], "--ntasks-per-node=2", "--mpi=pmix",
+                    "--kill-on-bad-exit=1", sys.executable, "-m", "bench.link_allreduce_worker",
+                    timeout=600)
+    if proc.returncode:
+        raise RuntimeError(f"in-node all-reduce failed:\n{proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def train(model: str, layout: Layout) -> dict[str, Any]:
+    """One run of tfscale.train under srun on the cluster; its results.json."""
+    with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+        where = ["-N2"] if layout.nodes == 2 else ["-N1", "-w", NODES[0]]
+        mpi = ["--mpi=pmix"] if layout.strategy != "multiworker" else []
+        proc = _cluster("srun", *where, f"--ntasks-per-node={layout.local}", *mpi,
+                        "--kill-on-bad-exit=1", sys.executable, "-m", "tfscale.train",
+                        *MODELS[model], f"--strategy={layout.strategy}", *layout.flags,
+                        "--learning_rate=0.01", "--tensorboard=false",
+                        f"--model_dir={tmp}/run")
+        if proc.returncode:
+            raise RuntimeError(f"{model} {layout.name} failed:\n{proc.stdout[-2000:]}"
+                               f"{proc.stderr[-2000:]}")
+        results: dict[str, Any] = json.loads((Path(tmp) / "run" / "results.json").read_text())
+        return results
+
+
+def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """Every link's figures and runs once per round, the order reversed in odd rounds; with
+    ``earlier`` (a saved result), its rounds are kept and these continue their count."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
+    link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
+    first = 1 + max((r["round"] for r in runs), default=-1)
+    cases = [(gbit, model, layout) for gbit in links for model in MODELS for layout in ACROSS]
+    cases += [(0.0, model, layout) for model in MODELS for layout in ONE_NODE]
+    header = {"cpu": cpu_description(), "rounds": first + rounds, "models": MODELS,
+              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    for round_ in range(first, first + rounds):
+        shape(0)
+        link_rows.append({"round": round_, "gbit": 0.0, "in_node": in_node_figures()})
+        for gbit in in_round_order(links, round_):
+            shape(gbit)
+            link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
+            print(f"[round {round_}] {gbit:g} Gbit/s: busbw "
+                  f"{max(s['busbw_GBps'] for s in link_rows[-1]['sizes']):.3f} GB/s, latency "
+                  f"{link_rows[-1]['pingpong']['latency_us']:.0f} us", flush=True)
+        for gbit, model, layout in in_round_order(
+                sorted(cases, key=lambda c: (c[0], c[1])), round_):
+            shape(gbit)
+            start = time.monotonic()
+            result = train(model, layout)
+            runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
+                         "images_per_sec": result["images_per_sec"],
+                         "step_time_ms": result.get("step_time_ms"),
+                         "exchange": result.get("exchange"), "hosts": result.get("hosts"),
+                         "num_workers": result["num_workers"],
+                         "wall_s": time.monotonic() - start})
+            print(f"[round {round_}] {gbit:g} Gbit/s {model} {layout.name}: "
+                  f"{result['images_per_sec']:.1f} images/s ({result.get('exchange')})",
+                  flush=True)
+            save("shaped_links", {**header, "partial": True, "links": link_rows, "runs": runs})
+    shape(0)
+    return {**header, "links": link_rows, "runs": runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--links", default="1,10,25", help="Gbit/s, comma-separated")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--report", action="store_true", help="only the tables of the last run")
+    parser.add_argument("--append", action="store_true",
+                        help="add --rounds rounds to the saved result (its links only)")
+    args = parser.parse_args()
+    if not args.report:
+        up = subprocess.run([*CLUSTER, "up", "--nodes=2"], cwd=ROOT, check=False)
+        if up.returncode:
+            sys.exit("the mini-cluster did not start (root and namespaces are needed)")
+        earlier = json.loads((OUT / "shaped_links.json").read_text()) if args.append else None
+        try:
+            save("shaped_links", measure([float(x) for x in args.links.split(",")],
+                                         args.rounds, earlier))
+        finally:
+            shape(0)
+    from bench.shaped_links_report import report
+
+    print(report(json.loads((OUT / "shaped_links.json").read_text())))
+
+
+if __name__ == "__main__":
+    main()

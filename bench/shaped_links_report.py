@@ -1,0 +1,227 @@
+"""Tables of bench.shaped_links: the links, each run against its floor and its forecast.
+
+Kept apart from the measurement so that the tables can be remade from the saved JSON
+(``python -m bench.shaped_links --report``) without a cluster.
+
+- **Efficiency** is against one node with the same ranks per node, as published scaling tables
+  count it: ``2xL images/s / (2 x 1xL images/s)``.
+- **Floor**: the step time the link allows, ``L x the 1x1 step`` (the node's ranks share its one
+  core) plus the bytes that cross the link per direction over the shaped rate: a flat ring over
+  ``p`` ranks sends ``2(p-1)/p`` of the gradients over each node boundary, the hierarchical
+  all-reduce ``2(C-1)/C`` of them over ``C`` nodes (its ``L`` shards of ``1/L`` together),
+  fp16 half as much. ``of floor`` = measured images/s / the floor's.
+- **Forecast**: ``tfscale.forecast``'s model on the preset ``minicluster_<N>gbit`` with its links
+  and compute replaced by this round's own measurements: the bus bandwidth of the all-reduce
+  across the link at the message size nearest to the run's (its fused gradients, or a node's
+  1/L share of them when hierarchical) and the ping-pong latency, the shared-memory exchange
+  inside a node, and the 1xL run's images/s (the 1-node figure, as for Summit). No 2-node run
+  enters it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from bench.common import table
+
+GRADIENT_BYTES_SOURCE = "the preset's gradient_bytes (tfscale.forecast --calibrate)"
+
+
+def _layouts() -> dict[str, Any]:
+    from bench.shaped_links import ACROSS, ONE_NODE
+
+    return {layout.name: layout for layout in (*ONE_NODE, *ACROSS)}
+
+
+def crossing_bytes(gradient_bytes: float, nodes: int, local: int, algorithm: str,
+                   fp16: bool) -> float:
+    """Bytes one node sends over its link per step (per direction)."""
+    if nodes <= 1:
+        return 0.0
+    if algorithm == "flat":
+        ranks = nodes * local
+        sent = 2 * (ranks - 1) / ranks * gradient_bytes
+    else:
+        sent = 2 * (nodes - 1) / nodes * gradient_bytes
+    return sent / 2 if fp16 else sent
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.mean(values) if values else float("nan")
+
+
+def _by_round(result: dict[str, Any]) -> dict[int, dict[tuple[float, str, str], float]]:
+    runs: dict[int, dict[tuple[float, str, str], float]] = defaultdict(dict)
+    for run in result["runs"]:
+        runs[run["round"]][(run["gbit"], run["model"], run["layout"])] = run["images_per_sec"]
+    return runs
+
+
+def _links_by_round(result: dict[str, Any]) -> dict[int, dict[float, dict[str, Any]]]:
+    links: dict[int, dict[float, dict[str, Any]]] = defaultdict(dict)
+    for row in result["links"]:
+        links[row["round"]][row["gbit"]] = row
+    return links
+
+
+def _size_row(figures: dict[str, Any], nbytes: float = 64 * 2**20) -> dict[str, Any]:
+    """The measured message size nearest to ``nbytes`` (in ratio)."""
+    row: dict[str, Any] = min(figures["sizes"],
+                              key=lambda s: abs(math.log(s["bytes"] / max(nbytes, 1.0))))
+    return row
+
+
+def message_bytes(gradient_bytes: float, layout: Any) -> float:
+    """What one all-reduce call of the run carries: every gradient, fused (flat), or a node's
+    1/L share of them (hierarchical), half as many bytes in float16."""
+    share = gradient_bytes / (layout.local if layout.algorithm == "hierarchical" else 1)
+    return share / 2 if layout.fp16 else share
+
+
+def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
+                links: dict[float, dict[str, Any]], batch_size: int) -> Any:
+    """The preset ``minicluster_<gbit>gbit`` calibrated with one round's measurements: the
+    links' bus bandwidth at the message size nearest to the run's."""
+    from tfscale.forecast.machines import ModelFigures, load
+    from tfscale.forecast.model import Link
+
+    base = load(f"minicluster_{gbit:g}gbit")
+    preset = base.model(model)
+    across, inside = links[gbit], links[0.0]["in_node"]
+    message = message_bytes(preset.gradient_bytes, layout)
+    inter = Link(_size_row(across, message)["busbw_GBps"], across["pingpong"]["latency_us"])
+    intra = Link(_size_row(inside, preset.gradient_bytes)["busbw_GBps"],
+                 base.intra.latency_us)
+    local = layout.local
+    figures = ModelFigures(preset.gradient_bytes, batch_size, local, {"fp32": node_rate},
+                           preset.backward_fraction, None, "bench.shaped_links")
+    return dataclasses.replace(base, inter=inter, intra=intra, models={model: figures})
+
+
+def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
+                  links: dict[float, dict[str, Any]], batch_size: int) -> float:
+    """tfscale.forecast's images/s for one run, its exchange pinned to what the run used:
+    algorithm, fp16, Horovod's 128 MiB fusion buffer and tfscale's 5 ms cycle across nodes
+    (multiworker has no cycle: the shortest the model knows, 1 ms)."""
+    from tfscale.forecast.predict import Plan, forecast
+
+    machine = machine_for(gbit, model, layout, node_rate, links, batch_size)
+    cycle = 1.0 if layout.strategy == "multiworker" else 5.0
+    plan = Plan(machine, model, "fp32", batch_size, layout.local,
+                (("algorithm", layout.algorithm), ("fp16", layout.fp16), ("fusion_mb", 128.0),
+                 ("cycle_ms", cycle)))
+    return forecast(plan, [layout.nodes])[0].images_per_sec
+
+
+def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(link rows, run rows), means over the rounds."""
+    from tfscale.forecast.machines import load
+
+    layouts = _layouts()
+    runs, links = _by_round(result), _links_by_round(result)
+    link_rows = []
+    for gbit in sorted({row["gbit"] for row in result["links"] if row["gbit"]}):
+        found = [links[r][gbit] for r in links if gbit in links[r]]
+        busbw = [_size_row(f)["busbw_GBps"] for f in found]
+        link_rows.append({
+            "link": f"{gbit:g} Gbit/s", "rate GB/s": gbit / 8,
+            "busbw 64 MiB GB/s": _mean(busbw),
+            "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"] for f in found]),
+            "of rate": _mean(busbw) / (gbit / 8),
+            "latency us": _mean([f["pingpong"]["latency_us"] for f in found]),
+            "rounds": len(found)})
+    inside = [links[r][0.0]["in_node"] for r in links if 0.0 in links[r]]
+    if inside:
+        link_rows.append({"link": "inside a node (shared memory, 2 ranks on 1 core)",
+                          "busbw 64 MiB GB/s": _mean([_size_row(f)["busbw_GBps"]
+                                                      for f in inside]),
+                          "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"]
+                                                      for f in inside]),
+                          "rounds": len(inside)})
+    run_rows = []
+    keys = sorted({(run["gbit"], run["model"], run["layout"]) for run in result["runs"]},
+                  key=lambda k: (k[1], k[0], list(layouts).index(k[2])))
+    for gbit, model, name in keys:
+        layout = layouts[name]
+        batch = int(next(f.split("=")[1] for f in result["models"][model]
+                         if f.startswith("--batch_size=")))
+        gradient_bytes = load("minicluster_1gbit").model(model).gradient_bytes
+        measured, floors, forecasts, effs = [], [], [], []
+        for r in sorted(runs):
+            rate = runs[r].get((gbit, model, name))
+            one = runs[r].get((0.0, model, "1x1"))
+            node = runs[r].get((0.0, model, f"1x{layout.local}"))
+            if rate is None or one is None or node is None:
+                continue
+            measured.append(rate)
+            if layout.uses_link:
+                effs.append(rate / (layout.nodes * node))
+                step = layout.local * batch / one + crossing_bytes(
+                    gradient_bytes, layout.nodes, layout.local, layout.algorithm,
+                    layout.fp16) / (gbit * 1e9 / 8)
+                floors.append(layout.nodes * layout.local * batch / step)
+                if gbit in links[r] and 0.0 in links[r]:
+                    forecasts.append(forecast_rate(gbit, model, layout, node, links[r], batch))
+        row: dict[str, Any] = {
+            "model": model, "link": f"{gbit:g} Gbit/s" if gbit else "none (one node)",
+            "run": name, "images/s": _mean(measured),
+            "range": f"{min(measured):.4g}-{max(measured):.4g}" if measured else "",
+            "rounds": len(measured)}
+        if effs:
+            row["efficiency"] = _mean(effs)
+            row["of floor"] = row["images/s"] / _mean(floors)
+        if forecasts:
+            row["forecast images/s"] = _mean(forecasts)
+            row["forecast error"] = f"{_mean(forecasts) / row['images/s'] - 1:+.1%}"
+        run_rows.append(row)
+    return link_rows, run_rows
+
+
+def hierarchy_wins(run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Hierarchical against flat (2x2) per model and link, with and without fp16."""
+    index = {(r["model"], r["link"], r["run"]): r["images/s"] for r in run_rows}
+    out = []
+    for model, link in sorted({(r["model"], r["link"]) for r in run_rows if "Gbit" in r["link"]}):
+        row: dict[str, Any] = {"model": model, "link": link}
+        for suffix, label in (("", "fp32"), (" fp16", "fp16")):
+            flat = index.get((model, link, f"2x2 flat{suffix}"))
+            hier = index.get((model, link, f"2x2 hierarchical{suffix}"))
+            if flat and hier:
+                row[f"hierarchical / flat, {label}"] = hier / flat
+        ddl, flat = index.get((model, link, "2x2 ddl")), index.get((model, link, "2x2 flat"))
+        if ddl and flat:
+            row["ddl / flat, fp32"] = ddl / flat
+        flat = index.get((model, link, "2x2 multiworker flat"))
+        hier = index.get((model, link, "2x2 multiworker hierarchical"))
+        if flat and hier:
+            row["multiworker hierarchical / flat"] = hier / flat
+        out.append(row)
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    link_rows, run_rows = rows(result)
+    errors = [abs(float(r["forecast error"].rstrip("%")))
+              for r in run_rows if "forecast error" in r]
+    within = sum(e <= 10 for e in errors)
+    return "\n".join([
+        f"{result.get('cpu', '')}; {result.get('when', '')}; {result['rounds']} round(s)"
+        + (" (partial)" if result.get("partial") else ""),
+        "", "Links between the nodes (tc tbf per direction; bus bandwidth of Horovod's MPI "
+        "all-reduce, one rank per node; latency: half a TCP ping-pong):", "",
+        table(link_rows, ["link", "rate GB/s", "busbw 64 MiB GB/s", "busbw 16 MiB GB/s",
+                          "of rate", "latency us", "rounds"]),
+        "", "Runs (images/s: mean over rounds; efficiency: against 2 x the 1-node run with the "
+        "same ranks per node):", "",
+        table(run_rows, ["model", "link", "run", "images/s", "range", "rounds", "efficiency",
+                         "of floor", "forecast images/s", "forecast error"]),
+        "", "Hierarchy against one flat ring (2x2, images/s ratio):", "",
+        table(hierarchy_wins(run_rows), ["model", "link", "hierarchical / flat, fp32",
+                                         "hierarchical / flat, fp16", "ddl / flat, fp32",
+                                         "multiworker hierarchical / flat"]),
+        "", f"Forecast within 10% of the measured images/s: {within} of {len(errors)} runs",
+    ])
