@@ -207,6 +207,8 @@ def main() -> None:
                         help="add --rounds rounds to the saved result (its links only)")
     args = parser.parse_args()
     if not args.report:
+        was_up = subprocess.run([*CLUSTER, "status"], cwd=ROOT, capture_output=True,
+                                check=False).returncode == 0
         up = subprocess.run([*CLUSTER, "up", "--nodes=2"], cwd=ROOT, check=False)
         if up.returncode:
             sys.exit("the mini-cluster did not start (root and namespaces are needed)")
@@ -216,6 +218,8 @@ def main() -> None:
                                          args.rounds, earlier))
         finally:
             shape(0)
+            if not was_up:  # leave the machine as it was
+                subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
     from bench.shaped_links_report import report
 
     print(report(json.loads((OUT / "shaped_links.json").read_text())))
