@@ -7,8 +7,10 @@ cannot make namespaces (not root, a sandbox), every test here skips and says why
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ import pytest
 import launch.minicluster as minicluster
 from tests.conftest import ROOT, run_process
 from tests.equivalence import WORKER, assert_replicas_equal, max_abs_diff, reference
+from tests.faults import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 CLUSTER = [sys.executable, "-m", "launch.minicluster"]
@@ -35,10 +38,15 @@ def _on_cluster(*command: str, timeout: float = 300) -> subprocess.CompletedProc
 @needs_namespaces
 def test_down_after_an_up_that_failed_halfway_leaves_nothing() -> None:
     """Namespaces, holders and munge started, then the start-up stops: ``down`` finds all of
-    it by name and removes it (no namespace, process, mount or state directory left)."""
-    from launch.minicluster import _daemons, _layout, _namespaces
+    it by name and removes it (no namespace, process, mount or state directory left).
+
+    As ``up`` does, the packages come first: the holders bind the cluster's configuration
+    over /etc/slurm and /etc/ssh/ssh_config, which exist only once Slurm and OpenSSH are
+    installed (on a fresh machine this test may be the first to need them)."""
+    from launch.minicluster import _daemons, _layout, _namespaces, _packages
 
     assert not _namespaces.existing_netns(), "a cluster is already up; run down first"
+    _packages.ensure(lambda _: None)
     head, nodes = _layout.head((0,)), _layout.nodes(2, [(0,), (0,)])
     try:
         _daemons.write_configuration(head, nodes, cpus_per_node=1)
@@ -147,9 +155,14 @@ def _check_results(model_dir: Path, exchange: str) -> dict[str, object]:
 @pytest.mark.usefixtures("cluster")
 def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_same_weights(
         tmp_path: Path) -> None:
-    """A Slurm horovod job gets the time-limit warning (SIGUSR1, as its --signal asks) mid-run:
-    every rank checkpoints and stops, the script requeues the job, and the second attempt
-    resumes to the same weights as an uninterrupted run (< 1e-6)."""
+    """A Slurm horovod job gets the time-limit warning (SIGUSR1, as its --signal asks) before
+    its last step: every rank checkpoints and stops, the script requeues the job, and the
+    second attempt resumes to the same weights as an uninterrupted run (< 1e-6).
+
+    The warning is made to land before the end at any CPU speed: once every rank catches
+    SIGUSR1 (tfscale.preemption, installed before TensorFlow loads), the ranks are stopped,
+    Slurm sends the signal, and they go on only when each holds it pending; the guard then
+    stops them at the first step."""
     train = ("--steps=40", "--log_every=1", "--deterministic")
     whole_script, whole = _job_script(tmp_path / "whole", "slurm", "horovod", *train)
     job = _on_cluster("sbatch", "--wait", f"--output={tmp_path}/whole-%j.out",
@@ -163,11 +176,24 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_same_weights
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     first = tmp_path / "cut" / "logs" / f"t-horovod-{job_id}"
-    deadline = time.monotonic() + 180
-    while "step 5/" not in _read(first / "rank-0.log"):
-        assert time.monotonic() < deadline, _logs(tmp_path / "cut")
-        time.sleep(0.5)
-    assert _on_cluster("scancel", "--signal=USR1", job_id).returncode == 0
+    ranks: list[int] = []
+
+    def catching() -> bool:
+        ranks[:] = _training_processes(model_dir)
+        return len(ranks) == 4 and all(_signal_mask(pid, "SigCgt") & USR1 for pid in ranks)
+
+    wait_for(catching, 180, f"4 ranks catching SIGUSR1\n{_logs(tmp_path / 'cut')}")
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        assert "step 40/" not in _read(first / "rank-0.log")
+        assert _on_cluster("scancel", "--signal=USR1", job_id).returncode == 0
+        wait_for(lambda: all((_signal_mask(pid, "SigPnd") | _signal_mask(pid, "ShdPnd")) & USR1
+                             for pid in ranks), 60, "SIGUSR1 pending on every rank")
+    finally:
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + 300
     while _on_cluster("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip():
         assert time.monotonic() < deadline, _logs(tmp_path / "cut")
@@ -184,6 +210,33 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_same_weights
     a = np.load(model_dir / "checkpoints" / "ckpt-000000040.npz")
     b = np.load(whole / "checkpoints" / "ckpt-000000040.npz")
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files) < 1e-6
+
+
+USR1 = 1 << (signal.SIGUSR1 - 1)
+
+
+def _training_processes(model_dir: Path) -> list[int]:
+    """The pids of the tfscale.train processes writing into ``model_dir`` (the nodes share
+    this machine's process table: their namespaces are network, host name and mounts)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tfscale.train" in argv and f"--model_dir={model_dir}".encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_mask(pid: int, field: str) -> int:
+    """A signal mask (SigCgt, SigPnd, ShdPnd ...) of ``pid`` from /proc (0 once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    line = next((x for x in text.splitlines() if x.startswith(f"{field}:")), f"{field}: 0")
+    return int(line.split()[1], 16)
 
 
 def _read(path: Path) -> str:

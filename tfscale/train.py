@@ -31,7 +31,7 @@ from tfscale import command  # noqa: E402
 # own models/ or launch/ package, first on sys.path.
 command.own_top_level_packages()
 
-from tfscale import cluster_env, config_change, plugins, rank_zero  # noqa: E402
+from tfscale import cluster_env, config_change, plugins, preemption, rank_zero  # noqa: E402
 from tfscale.errors import (  # noqa: E402
     EXIT_PEER_LOST,
     EXIT_USAGE,
@@ -70,6 +70,8 @@ def main(argv: list[str]) -> int:
         from launch.local import launch_workers
 
         return launch_workers(config)
+    # Slurm's time-limit warning may come while TensorFlow loads: keep it for the guard.
+    preemption.catch_warning()
     from tfscale import trainer  # TensorFlow loads here, once the run is known to be valid
 
     try:
