@@ -1,4 +1,5 @@
-"""Synchronized batch norm (``--sync_bn``, ``--sync_bn_group``).
+"""Synchronized batch norm (``--sync_bn``, ``--sync_bn_group``), and batch-norm statistics
+recomputed across workers (``--bn_statistics=precise``), from the same runs.
 
 The worker (:mod:`tests.workers.sync_bn`) runs one SGD step on a global batch of 8 whose two
 halves have different statistics, recording each replica's batch-norm moments, its loss and
@@ -6,6 +7,11 @@ the weights after the step (which reveal the gradients). Synchronized over all r
 multi-replica strategy must equal one process on the whole batch (the reference); in groups of
 two halves, or unsynchronized on two replicas, each replica normalizes its half (``halves``),
 which differs from the reference by far more than the tolerance, so the equalities can fail.
+
+The worker also recomputes the statistics over 3 more such batches, before and after the step.
+Split over 2 workers (or replicas), they must equal one process's over the same batches, each
+per-replica batch normalized as in training, and be the same on every worker; Keras' moving
+averages after the step differ between the two workers, so the equality can fail.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ class Step:
 
 def _load(out: Path, variant: str, ranks: int = 1) -> Step:
     files = [np.load(out / variant / f"rank{r}.npz") for r in range(ranks)]
-    weights = [[f[f"w{i}"] for i in range(len(f.files) - 2)] for f in files]
+    weights = [[f[f"w{i}"] for i in range(sum(k[0] == "w" for k in f.files))] for f in files]
     for r in range(1, ranks):  # every rank applied the same update
         assert all(np.array_equal(a, b) for a, b in zip(weights[0], weights[r], strict=True))
     # Equal batches per replica: the global loss is the mean of the replicas' losses.
@@ -82,11 +88,51 @@ def _assert_differs(step: Step, expected: Step) -> None:
     assert moments > 1e-2 and loss > 1e-3 and weights > 1e-3, (moments, loss, weights)
 
 
+def _statistics(out: Path, variant: str, ranks: int = 1) -> dict[str, np.ndarray]:
+    """``precise0``, ``ema1`` and ``precise1`` of each rank: [ranks, values]."""
+    files = [np.load(out / variant / f"rank{r}.npz") for r in range(ranks)]
+    return {name: np.stack([f[name] for f in files]) for name in ("precise0", "ema1", "precise1")}
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Step]:
     out = tmp_path_factory.mktemp("one_process")
     _run_worker(out, "--strategy=default", "--variants=off,all")
-    return {variant: _load(out, variant) for variant in ("off", "all")}
+    return {variant: _load(out, variant) for variant in ("off", "all")} | {
+        f"statistics_{variant}": _statistics(out, variant) for variant in ("off", "all")}
+
+
+@pytest.fixture(scope="module")
+def one_process_in_halves(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """One process, one replica, normalizing the statistics batches in halves of 4 rows."""
+    out = tmp_path_factory.mktemp("one_process_halves")
+    _run_worker(out, "--strategy=default", "--variants=off", "--stats_batch=4")
+    return _statistics(out, "off")
+
+
+def _assert_statistics_equal_one_process(out: Path, ranks: int, one_process: dict[str, Step],
+                                         in_halves: dict[str, np.ndarray],
+                                         halves_after: np.ndarray) -> None:
+    """``ranks`` workers' recomputed statistics: the same on each, and one process's over the
+    same per-replica batches (in halves unsynchronized; whole batches synchronized); the moving
+    averages of unsynchronized workers differ."""
+    plain, synchronized = _statistics(out, "off", ranks), _statistics(out, "all", ranks)
+    for stats in (plain, synchronized):
+        for name in ("precise0", "precise1"):
+            assert np.array_equal(stats[name], np.repeat(stats[name][:1], ranks, axis=0)), name
+    assert _relative_diff(plain["precise0"][0], in_halves["precise0"][0]) < TOL
+    assert _relative_diff(plain["precise1"][0], halves_after) < TOL
+    whole = one_process["statistics_off"]
+    assert _relative_diff(synchronized["precise0"][0], whole["precise0"][0]) < TOL
+    assert _relative_diff(synchronized["precise1"][0], whole["precise1"][0]) < TOL
+    if ranks > 1:  # each worker's moving averages saw only its own half
+        assert _relative_diff(plain["ema1"][0], plain["ema1"][1]) > 1e-2
+
+
+def _relative_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest difference, relative to values above 1 (variances reach ~80 here, where float32
+    holds 6 decimal places)."""
+    return float(np.max(np.abs(a - b) / np.maximum(1.0, np.abs(b))))
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +142,21 @@ def reference(one_process: dict[str, Step]) -> Step:
 
 
 @pytest.fixture(scope="module")
-def mirrored_two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Step]:
+def mirrored_two_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mirrored2")
     _run_worker(out, "--strategy=mirrored", "--cpu_replicas=2", "--variants=off,all")
-    return {variant: _load(out, variant) for variant in ("off", "all")}
+    return out
+
+
+@pytest.fixture(scope="module")
+def mirrored_two(mirrored_two_out: Path) -> dict[str, Step]:
+    return {variant: _load(mirrored_two_out, variant) for variant in ("off", "all")}
+
+
+@pytest.fixture(scope="module")
+def halves_after(mirrored_two_out: Path) -> np.ndarray:
+    """Statistics recomputed after the step in halves: each replica's per-replica batch."""
+    return _statistics(mirrored_two_out, "off")["precise1"][0]
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +173,14 @@ def test_one_replica_moments_equal_keras(one_process: dict[str, Step]) -> None:
 
 
 @pytest.mark.slow
-def test_mirrored_two_replicas_equal_one_process(reference: Step,
-                                                 mirrored_two: dict[str, Step]) -> None:
+def test_mirrored_two_replicas_equal_one_process(
+        reference: Step, mirrored_two: dict[str, Step], mirrored_two_out: Path,
+        one_process: dict[str, Step], one_process_in_halves: dict[str, np.ndarray],
+        halves_after: np.ndarray) -> None:
     _assert_equal(mirrored_two["all"], reference)
     _assert_differs(mirrored_two["off"], reference)
+    _assert_statistics_equal_one_process(mirrored_two_out, 1, one_process,
+                                         one_process_in_halves, halves_after)
 
 
 @pytest.mark.slow
@@ -141,23 +202,33 @@ def _check_two_workers(out: Path, reference: Step, halves: Step) -> None:
 
 @pytest.mark.slow
 @requires_horovod
-def test_horovod_two_workers_equal_one_process(tmp_path: Path, reference: Step,
-                                               halves: Step) -> None:
+@pytest.mark.parametrize("strategy", ["horovod", "ddl"])
+def test_horovod_two_workers_equal_one_process(
+        strategy: str, tmp_path: Path, reference: Step, halves: Step,
+        one_process: dict[str, Step], one_process_in_halves: dict[str, np.ndarray],
+        halves_after: np.ndarray) -> None:
+    variants = "off,all,1" if strategy == "horovod" else "off,all"
     proc = run_process([horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", *WORKER,
-                        "--strategy=horovod", "--variants=off,all,1", f"--out={tmp_path}"],
+                        f"--strategy={strategy}", f"--variants={variants}", f"--out={tmp_path}"],
                        timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    _check_two_workers(tmp_path, reference, halves)
+    if strategy == "horovod":
+        _check_two_workers(tmp_path, reference, halves)
+    _assert_statistics_equal_one_process(tmp_path, 2, one_process, one_process_in_halves,
+                                         halves_after)
 
 
 @pytest.mark.slow
-def test_multiworker_two_workers_equal_one_process(tmp_path: Path, reference: Step,
-                                                   halves: Step) -> None:
+def test_multiworker_two_workers_equal_one_process(
+        tmp_path: Path, reference: Step, halves: Step, one_process: dict[str, Step],
+        one_process_in_halves: dict[str, np.ndarray], halves_after: np.ndarray) -> None:
     log = io.StringIO()
     code = supervise([*WORKER, "--strategy=multiworker", "--variants=off,all,1",
                       f"--out={tmp_path}"], tf_config_envs(2), out=log)
     assert code == 0, log.getvalue()[-3000:]
     _check_two_workers(tmp_path, reference, halves)
+    _assert_statistics_equal_one_process(tmp_path, 2, one_process, one_process_in_halves,
+                                         halves_after)
 
 
 def test_group_size_must_divide_the_replicas() -> None:

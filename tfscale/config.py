@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfscale import options as plugin_options
+from tfscale.bn_statistics import MODES as BN_STATISTICS
 from tfscale.options import Options
 from tfscale.strategies import DEFAULT_STRATEGY, check_config
 
@@ -37,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS, "xla": XLA_MODES, "lr_scaling": LR_SCALINGS,
     "lr_schedule": LR_SCHEDULES, "optimizer": OPTIMIZERS, "larc_mode": LARC_MODES,
     "augment": AUGMENTS, "horizontal_flip": FLIP_MODES, "normalization": NORMALIZATIONS,
+    "bn_statistics": BN_STATISTICS,
 }
 
 
@@ -104,6 +106,8 @@ class TrainConfig:
     # Memory and batch-norm statistics.
     sync_bn: bool = False
     sync_bn_group: int = 0
+    bn_statistics: str = "auto"
+    bn_statistics_images: int = 1024
     recompute: bool = False
     # Distribution (each strategy's own options are in ``options``).
     collective_timeout_s: float = 0.0
@@ -220,7 +224,7 @@ def validate(cfg: TrainConfig) -> None:
     for name, choices in CHOICES.items():
         _choice(cfg, name, choices)
     for name in ("num_processes", "batch_size", "epochs", "image_size", "input_channels",
-                 "keep_checkpoints", "log_every", "grad_accum_steps"):
+                 "keep_checkpoints", "log_every", "grad_accum_steps", "bn_statistics_images"):
         _at_least(cfg, name, 1)
     _at_least(cfg, "num_classes", 2)
     for name in ("steps", "validation_steps", "warmup_steps", "checkpoint_every",

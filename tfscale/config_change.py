@@ -29,7 +29,7 @@ RESULTS = "results.json"  # runs from before config.json kept their config only 
 # settings that leave what is trained alone.
 MAY_CHANGE = frozenset({
     "num_processes", "max_restarts", "strategy", "collective_timeout_s", "steps", "epochs",
-    "validation_steps", "eval_every", "eval_only",
+    "validation_steps", "eval_every", "eval_only", "bn_statistics", "bn_statistics_images",
     "target_metric", "prefetch", "cache", "stage_dir", "skip_corrupt", "intra_op_threads",
     "inter_op_threads", "cpu_binding", "xla", "tf32", "cudnn_autotune", "recompute",
     "profile_steps", "model_dir", "checkpoint_every",
@@ -68,6 +68,14 @@ def differences(saved: Mapping[str, Any], config: TrainConfig) -> dict[str, tupl
             if name in saved and name not in allowed and saved[name] != value}
 
 
+def resumed_config(config: TrainConfig) -> dict[str, Any] | None:
+    """The configuration saved with the checkpoint that ``config`` would resume (or evaluate):
+    None when its model_dir holds no checkpoint, or no saved configuration."""
+    if not CheckpointManager(Path(config.model_dir) / "checkpoints").steps():
+        return None
+    return saved_config(config.model_dir)
+
+
 def check_resume(config: TrainConfig, log: Callable[[str], object]) -> None:
     """Stops a training run that would resume ``config.model_dir``'s checkpoint with another
     configuration than the one saved there; with ``--allow_config_change``, logs each change.
@@ -75,9 +83,9 @@ def check_resume(config: TrainConfig, log: Callable[[str], object]) -> None:
     Raises:
         ValueError: listing the differing fields (saved -> new) and the ways out.
     """
-    if config.eval_only or not CheckpointManager(Path(config.model_dir) / "checkpoints").steps():
+    if config.eval_only:
         return
-    saved = saved_config(config.model_dir)
+    saved = resumed_config(config)
     changed = differences(saved, config) if saved is not None else {}
     if not changed:
         return

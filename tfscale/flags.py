@@ -118,6 +118,18 @@ HELP: dict[str, str] = {
     "replica's own. All strategies; inference and the saved model use ordinary batch norm.",
     "sync_bn_group": "With --sync_bn: replicas per statistics group (consecutive ranks; must "
     "divide the number of replicas). 0 = all replicas.",
+    "bn_statistics": "Batch-norm statistics that evaluation, checkpoints and the saved model "
+    "use. precise: before each evaluation and at the end of training, every batch-norm layer's "
+    "mean and variance are recomputed with the weights fixed over --bn_statistics_images "
+    "training images, shared out over the workers and summed with one all-reduce (Wu & Johnson "
+    "2021): right after any number of steps, and the same on every worker. It costs a forward "
+    "pass over those images each time, about a third of the time training on them takes "
+    "(logged at each recomputation; see docs/STATISTICAL_SCALING.md). ema: Keras' moving "
+    "averages (momentum 0.99: after S steps 0.99^S of the initial statistics remain, 17% after "
+    "176 steps), pooled over the workers before each evaluation and at the end. auto: precise "
+    "on data read from --data_dir, ema on generated data (nothing to evaluate).",
+    "bn_statistics_images": "With precise batch-norm statistics: training images they are "
+    "recomputed over, all workers together (rounded up to whole batches of every replica).",
     "recompute": "Activation recomputation: keep only each block's inputs (ResNet bottlenecks, "
     "DeepLabV3+ blocks, Tiramisu dense blocks) in the forward pass and recompute the rest in the "
     "backward pass: less memory for more compute. See docs/LARGE_BATCH.md.",
@@ -178,7 +190,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def config_from_flags(values: flags.FlagValues,
-                      choose_dataset: Callable[[str, str], str] | None = None) -> TrainConfig:
+                      choose_dataset: Callable[[str, str], str] | None = None,
+                      from_data: Callable[[TrainConfig, frozenset[str]], TrainConfig] | None = None,
+                      ) -> TrainConfig:
     """Builds the validated config from parsed flags.
 
     Args:
@@ -186,6 +200,9 @@ def config_from_flags(values: flags.FlagValues,
         choose_dataset: ``(data_dir, model) -> dataset name``, asked when ``--data_dir`` is
             given without ``--dataset`` (the entry points pass
             :func:`tfscale.plugins.choose_dataset`, which recognizes what the directory holds).
+        from_data: ``(config, names of the flags given) -> config``, asked when ``--data_dir``
+            is given: fills in what the data records (the entry points pass
+            :func:`input_pipelines.shapes_from_data`: image size, classes, channels).
 
     Raises:
         ValueError: for any invalid value (see :func:`tfscale.config.validate`).
@@ -199,7 +216,10 @@ def config_from_flags(values: flags.FlagValues,
         kwargs["steps"] = 0
     if not values["cpu_binding"].present:
         kwargs["cpu_binding"] = cpu_binding.binds_by_default(kwargs["num_processes"])
-    return TrainConfig(**kwargs)
+    config = TrainConfig(**kwargs)
+    if from_data is not None and config.data_dir:
+        config = from_data(config, frozenset(name for name in kwargs if values[name].present))
+    return config
 
 
 def argv_from_config(config: TrainConfig, **overrides: Any) -> list[str]:

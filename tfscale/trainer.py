@@ -28,8 +28,8 @@ import keras
 import input_pipelines
 import models
 from input_pipelines.core import inference as input_inference
-from tfscale import callbacks as cbs
 from tfscale import (
+    bn_statistics,
     cluster_env,
     config_change,
     model_dir_lock,
@@ -37,6 +37,7 @@ from tfscale import (
     results,
     targets,
 )
+from tfscale import callbacks as cbs
 from tfscale._prepare import prepare
 from tfscale.checkpointing import CheckpointManager
 from tfscale.collectives import timing
@@ -237,7 +238,8 @@ class Trainer:
         # Evaluation and the target check come after the guard (no evaluation of a stopped
         # step) and before the callbacks that read the epoch logs.
         if evaluator is not None:
-            evaluation = cbs.Evaluation(evaluator.evaluate, cfg.eval_every, steps_per_epoch,
+            evaluation = cbs.Evaluation(self._evaluate(evaluator), cfg.eval_every,
+                                        steps_per_epoch,
                                         start_time, [self._log_evaluation])
             # Throughput is of training: evaluations between steps are not counted.
             evaluation.listeners.append(lambda _: meter.exclude(evaluation.last_duration))
@@ -267,6 +269,37 @@ class Trainer:
         named["meter"] = meter
         return named
 
+    def _statistics(self, model: keras.Model, train: input_pipelines.Batches
+                    ) -> bn_statistics.Statistics:
+        """The run's batch-norm statistics (``--bn_statistics``), from the training batches."""
+        cfg, strategy = self.config, self.strategy
+        mode = bn_statistics.resolve_mode(cfg.bn_statistics,
+                                          input_pipelines.reads_data_dir(cfg.dataset))
+        recomputer = bn_statistics.Recomputer(
+            model, lambda values: strategy.all_reduce(values, "sum"), cfg.batch_size,
+            strategy.replicas_in_process, strategy.num_replicas,
+            getattr(strategy, "tf_strategy", None))
+        if recomputer.layers:
+            how = (f"recomputed over {cfg.bn_statistics_images} training images before each "
+                   "evaluation and at the end" if mode == "precise" else
+                   "Keras' moving averages" + (", pooled over the workers before each "
+                                               "evaluation and at the end"
+                                               if strategy.size > 1 else ""))
+            rank_zero.log(f"--bn_statistics={cfg.bn_statistics}: {len(recomputer.layers)} "
+                          f"batch-norm layers; their statistics are {how}")
+        return bn_statistics.Statistics(
+            mode, recomputer, lambda: iter(train.dataset), cfg.bn_statistics_images,
+            strategy.size, lambda: cbs.optimizer_step(model), rank_zero.log)
+
+    def _evaluate(self, evaluator: Evaluator) -> Any:
+        """The evaluation, on statistics brought up to date for the step first."""
+
+        def evaluate(model: keras.Model) -> tuple[dict[str, float], int]:
+            self.statistics.refresh()
+            return evaluator.evaluate(model)
+
+        return evaluate
+
     def _log_evaluation(self, record: dict[str, Any]) -> None:
         self.events.emit("eval", **record)
         shown = "  ".join(f"{k} {v:.4g}" for k, v in sorted(record["metrics"].items()))
@@ -280,6 +313,7 @@ class Trainer:
         evaluator = self._evaluator()
         total, steps_per_epoch = self._total_steps(train)
         model = self._build(total)
+        self.statistics = self._statistics(model, train)
         variables = list(model.weights) + list(model.optimizer.variables)
         manager = CheckpointManager(self.model_dir / "checkpoints", cfg.keep_checkpoints)
         pending = lag_slots(model.optimizer)
@@ -310,6 +344,8 @@ class Trainer:
         try:
             logs = self._fit(model, named, train, start, total, steps_per_epoch)
             train_seconds = time.time() - start_time
+            # The checkpoint, results and saved model hold the statistics of the last weights.
+            self.statistics.refresh()
             named["checkpoint"].save(logs)
             out = self._finish(model, named, start, logs, train_seconds)
             status = "target_reached" if out.get("target", {}).get("reached") else "success"

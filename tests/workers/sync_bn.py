@@ -1,16 +1,22 @@
-"""Worker for the synchronized batch-norm tests.
+"""Worker for the synchronized batch-norm tests and the batch-norm statistics across workers.
 
-One SGD step of a small model with batch norm (convolution, batch norm, ReLU, global pooling,
-dense) under ``--strategy``, on a fixed global batch of ``GLOBAL`` examples whose two halves
-have clearly different statistics; each replica reads its contiguous slice. Every rank builds
-the model from the same seed. The step runs once per ``--variants`` entry, each on a fresh
-model: ``off`` (ordinary batch norm), ``all`` (``--sync_bn``) or a group size ``G``
-(``--sync_bn --sync_bn_group=G``). For each, every process writes ``OUT/<variant>/rank<R>.npz``:
+One SGD step of a small model with batch norm (two blocks of convolution, batch norm and ReLU,
+then global pooling and dense) under ``--strategy``, on a fixed global batch of ``GLOBAL``
+examples whose two halves have clearly different statistics; each replica reads its contiguous
+slice. Every rank builds the model from the same seed. The step runs once per ``--variants``
+entry, each on a fresh model: ``off`` (ordinary batch norm), ``all`` (``--sync_bn``) or a group
+size ``G`` (``--sync_bn --sync_bn_group=G``). For each, every process writes
+``OUT/<variant>/rank<R>.npz``:
 
-- ``moments``: [local replicas, 2, channels], the batch mean and variance that the batch-norm
-  layer of each of its replicas normalized with;
+- ``moments``: [local replicas, 2, channels], the batch mean and variance that the first
+  batch-norm layer of each of its replicas normalized with;
 - ``loss``: [local replicas], each replica's mean loss on its slice;
-- ``w0``, ``w1``, ...: the trainable weights after the step (they reveal the gradients).
+- ``w0``, ``w1``, ...: the trainable weights after the step (they reveal the gradients);
+- ``precise0``, ``ema1``, ``precise1``: both batch-norm layers' moving means and variances,
+  concatenated: recomputed (:class:`tfscale.bn_statistics.Recomputer`) on the initial weights
+  over ``STATS_STEPS`` global batches of the same kind (each replica normalizing its
+  ``--stats_batch`` rows, default its share of the batch), after the step as Keras' moving
+  averages left them, and recomputed after the step.
 
     python -m tests.workers.sync_bn --strategy horovod --variants off,all,1 --out DIR
 """
@@ -28,16 +34,17 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tfscale.bn_statistics import Recomputer, tracked_layers  # noqa: E402
 from tfscale.config import TrainConfig  # noqa: E402
 from tfscale.strategies import Strategy, create, running  # noqa: E402
 from tfscale.sync_bn import synchronize_under_strategy  # noqa: E402
 from tfscale.trainer import configure_runtime  # noqa: E402
 
-SHAPE, CLASSES, CHANNELS, GLOBAL = (8, 8, 3), 3, 4, 8
+SHAPE, CLASSES, CHANNELS, GLOBAL, STATS_STEPS = (8, 8, 3), 3, 4, 8, 3
 
 
-def global_batch() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(5)
+def global_batch(seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
     x = rng.random((GLOBAL, *SHAPE), dtype=np.float32)
     x[GLOBAL // 2:] = 3 * x[GLOBAL // 2:] + 2  # the second half: another mean and variance
     return x, rng.integers(0, CLASSES, GLOBAL).astype(np.int32)
@@ -46,9 +53,11 @@ def global_batch() -> tuple[np.ndarray, np.ndarray]:
 def build_model() -> keras.Model:
     keras.utils.set_random_seed(11)
     inputs = keras.Input(shape=SHAPE)
-    x = keras.layers.Conv2D(CHANNELS, 3, padding="same")(inputs)
-    x = keras.layers.BatchNormalization()(x)
-    x = keras.layers.ReLU()(x)
+    x = inputs
+    for _ in range(2):
+        x = keras.layers.Conv2D(CHANNELS, 3, padding="same")(x)
+        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.ReLU()(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     return keras.Model(inputs, keras.layers.Dense(CLASSES)(x))
 
@@ -91,7 +100,8 @@ class Recorder:
         return loss
 
 
-def train_step(strategy: Strategy, cfg: TrainConfig, variant: str, out: Path) -> None:
+def train_step(strategy: Strategy, cfg: TrainConfig, variant: str, out: Path,
+               stats_batch: int) -> None:
     x, y = global_batch()
     per_process = GLOBAL // strategy.size
     lo = strategy.rank * per_process
@@ -105,16 +115,36 @@ def train_step(strategy: Strategy, cfg: TrainConfig, variant: str, out: Path) ->
             group = 0 if variant == "all" else int(variant)
             synchronize_under_strategy(model, strategy,
                                        cfg.replace(sync_bn=True, sync_bn_group=group))
+    recomputer = Recomputer(model, lambda v: strategy.all_reduce(v, "sum"),
+                            stats_batch or GLOBAL // strategy.num_replicas,
+                            strategy.replicas_in_process, strategy.num_replicas,
+                            getattr(strategy, "tf_strategy", None))
+    stats = [global_batch(seed)[0][lo:lo + per_process] for seed in range(STATS_STEPS)]
+    precise0 = statistics(model, recomputer, stats)
     recorder.record_moments(next(layer for layer in model.layers
                                  if isinstance(layer, keras.layers.BatchNormalization)))
     model.fit(strategy.distribute_dataset(data.batch(per_process)), epochs=1, steps_per_epoch=1,
               callbacks=strategy.callbacks(), verbose=0, shuffle=False)
+    moments, loss = recorder.moments.numpy(), recorder.loss.numpy()
+    ema1 = statistics(model)
+    precise1 = statistics(model, recomputer, stats)
     folder = out / variant
     folder.mkdir(parents=True, exist_ok=True)
     weights = {f"w{i}": np.asarray(w.numpy(), np.float64)
                for i, w in enumerate(model.trainable_weights)}
-    np.savez(folder / f"rank{strategy.rank}.npz", moments=recorder.moments.numpy(),
-             loss=recorder.loss.numpy(), **weights)
+    np.savez(folder / f"rank{strategy.rank}.npz", moments=moments, loss=loss,
+             precise0=precise0, ema1=ema1, precise1=precise1, **weights)
+
+
+def statistics(model: keras.Model, recomputer: Recomputer | None = None,
+               batches: list[np.ndarray] | None = None) -> np.ndarray:
+    """The batch-norm layers' moving means and variances, recomputed first over ``batches``
+    (this process's rows of each global batch) when a recomputer is given."""
+    if recomputer is not None and batches is not None:
+        report = recomputer.recompute(iter(batches), images=GLOBAL * STATS_STEPS)
+        assert report.layers == 2 and report.images == GLOBAL * STATS_STEPS, report
+    return np.concatenate([np.asarray(v.numpy(), np.float64) for layer in tracked_layers(model)
+                           for v in (layer.moving_mean, layer.moving_variance)])
 
 
 def main() -> None:
@@ -122,6 +152,9 @@ def main() -> None:
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--cpu_replicas", type=int, default=0)
     parser.add_argument("--variants", default="off,all", help="off, all or group sizes")
+    parser.add_argument("--stats_batch", type=int, default=0,
+                        help="rows each replica normalizes in the statistics pass (0: its share "
+                             "of the global batch)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cfg = TrainConfig(strategy=args.strategy, cpu_replicas=args.cpu_replicas,
@@ -129,7 +162,7 @@ def main() -> None:
     configure_runtime(cfg)
     with running(create(cfg)) as strategy:
         for variant in args.variants.split(","):
-            train_step(strategy, cfg, variant, Path(args.out))
+            train_step(strategy, cfg, variant, Path(args.out), args.stats_batch)
 
 
 if __name__ == "__main__":
