@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_process
-from tfscale.cpu_binding import cores_for, local_layout
+from tfscale.cpu_binding import Threads, cores_for, local_layout
 
 
 def test_layout_from_launcher_variables() -> None:
@@ -26,6 +26,32 @@ def test_cores_are_split_into_disjoint_blocks() -> None:
     assert blocks == [[0, 1], [2, 3], [4, 5]]
     with pytest.raises(ValueError, match="3 workers on this node but only 2 cores"):
         cores_for(0, 3, [0, 1])
+
+
+INHERITED = """
+import os
+from tfscale.cpu_binding import Threads
+threads = Threads(1, 2, None, 0, 0)
+print(threads.describe({}))
+os.sched_setaffinity(0, [max(os.sched_getaffinity(0))])
+print(threads.describe({"TF_NUM_INTRAOP_THREADS": "1"}))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or len(os.sched_getaffinity(0)) <
+                    (os.cpu_count() or 0), reason="needs 2 cores, all of this machine's")
+def test_a_worker_describes_the_binding_and_threads_it_was_started_with() -> None:
+    # tfscale-run binds its workers and sets TF_NUM_INTRAOP_THREADS before they start.
+    proc = run_process([sys.executable, "-c", INHERITED], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    last = max(os.sched_getaffinity(0))
+    assert proc.stdout.splitlines() == [
+        f"local worker 1 of 2: not bound (any of {len(os.sched_getaffinity(0))} cores); "
+        "intra-op threads TF default, inter-op threads TF default",
+        f"local worker 1 of 2: bound to cores {last} when it started (by its launcher); "
+        "intra-op threads 1 (TF_NUM_INTRAOP_THREADS), inter-op threads TF default"]
+    assert Threads(0, 1, [0], 2, 3).describe({"TF_NUM_INTRAOP_THREADS": "1"}).endswith(
+        "(--cpu_binding); intra-op threads 2, inter-op threads 3")
 
 
 PROBE = """

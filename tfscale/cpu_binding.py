@@ -15,6 +15,10 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+# Thread counts TensorFlow reads from the environment when nothing sets them (tfscale-run does).
+INTRA_VAR = "TF_NUM_INTRAOP_THREADS"
+INTER_VAR = "TF_NUM_INTEROP_THREADS"
+
 
 def local_layout(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
     """(local rank, local size) of this process (:func:`tfscale.cluster_env.this_process`);
@@ -55,14 +59,31 @@ class Threads:
     intra: int
     inter: int
 
-    def describe(self) -> str:
-        """One line for the worker's log."""
-        where = (f"bound to cores {','.join(map(str, self.cores))} (--cpu_binding)"
-                 if self.cores is not None else
-                 f"not bound (any of {len(os.sched_getaffinity(0))} cores)")
-        counts = ", ".join(f"{kind}-op threads {n or 'TF default'}"
-                           for kind, n in (("intra", self.intra), ("inter", self.inter)))
+    def describe(self, environ: Mapping[str, str] = os.environ) -> str:
+        """One line for the worker's log: where it runs and its thread counts, as they are,
+        including what it inherited (a launcher's binding and ``TF_NUM_*_THREADS``, which
+        ``tfscale-run`` sets and TensorFlow reads at start-up)."""
+        allowed = sorted(os.sched_getaffinity(0))
+        if self.cores is not None:
+            where = f"bound to cores {_listed(self.cores)} (--cpu_binding)"
+        elif len(allowed) < (os.cpu_count() or len(allowed)):
+            where = f"bound to cores {_listed(allowed)} when it started (by its launcher)"
+        else:
+            where = f"not bound (any of {len(allowed)} cores)"
+        counts = ", ".join(f"{kind}-op threads {_count(n, variable, environ)}"
+                           for kind, n, variable in (("intra", self.intra, INTRA_VAR),
+                                                     ("inter", self.inter, INTER_VAR)))
         return f"local worker {self.local_rank} of {self.local_size}: {where}; {counts}"
+
+
+def _listed(cores: list[int]) -> str:
+    return ",".join(map(str, cores))
+
+
+def _count(n: int, variable: str, environ: Mapping[str, str]) -> str:
+    if n:
+        return str(n)
+    return f"{environ[variable]} ({variable})" if environ.get(variable) else "TF default"
 
 
 def plan(binding: bool, intra: int, inter: int,
