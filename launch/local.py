@@ -11,7 +11,9 @@ Like ``torchrun``, so a laptop user never writes a TF_CONFIG or a horovodrun lin
 The supervisor prefixes each worker's lines with its rank, forwards SIGTERM/SIGINT/SIGUSR1 to
 all workers (so they checkpoint and exit), and when one worker fails it stops the others and
 returns that worker's exit code. Workers die with the launcher even if it is SIGKILLed
-(``PR_SET_PDEATHSIG``), so no process is left behind.
+(``PR_SET_PDEATHSIG``), so no process is left behind. It reads the workers' output to the end
+whatever becomes of its own: a worker whose pipe nobody read would block on its next line and
+stall the group (``tfscale.train | head`` did).
 
 With ``--max_restarts N`` (:func:`supervise_restarts`, as torchrun's) a failed group is stopped
 and started again, whole, up to N times, each attempt with a fresh rendezvous (new ports) and
@@ -44,7 +46,6 @@ from tfscale.strategies import STRATEGIES, Launcher
 
 GRACE_SECONDS = 20.0
 _PR_SET_PDEATHSIG = 1
-
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free TCP ports on 127.0.0.1."""
@@ -150,9 +151,18 @@ def _start_child(cores: Sequence[int] | None) -> Callable[[], None]:
 
 
 def _pump(rank: int, stream: IO[str], out: IO[str]) -> None:
+    """Copies worker ``rank``'s lines to ``out`` until the worker closes its end. Never stops
+    early: when ``out`` fails (a full disk; a broken pipe, which :mod:`tfscale.output` turns
+    into a log), the lines are dropped, still read."""
+    writing = True
     for line in stream:
-        out.write(f"[{rank}] {line}")
-        out.flush()
+        if not writing:
+            continue
+        try:
+            out.write(f"[{rank}] {line}")
+            out.flush()
+        except (OSError, ValueError):  # ValueError: out was closed
+            writing = False
 
 
 def supervise(

@@ -12,6 +12,11 @@
 ``--help``, ``--helpshort`` and ``--helpfull`` exit 0; absl's own flag errors (an unknown or
 misspelt flag, a bad value, a missing ``--flagfile``) are bad usage like any other: one line,
 exit 2 (:func:`parse_flags`).
+
+A reader of the output that goes away (``| head``, a closed pipe) changes no exit code
+(:mod:`tfscale.output`): a training run goes on to its end, its output appended to
+``MODEL_DIR/train.log`` from there (one line on stderr says so), and exits as it would have;
+help and ``--list`` stop quietly with 0.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import re
 import sys
 
 from absl import flags as absl_flags
+
+from tfscale.output import silence_stdout
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -52,7 +59,8 @@ def parse_flags(argv: list[str],
     for help and for a flag error, the latter with a two-line ``FATAL Flags parsing error``.
 
     Raises:
-        SystemExit: 0 after absl printed the help; 2 after one ``error: ...`` line for a flag
+        SystemExit: 0 after absl printed the help (also when the help's reader went away
+            before the end: ``--helpfull | head``); 2 after one ``error: ...`` line for a flag
             error (absl's suggestion, ``Did you mean: model, model_dir?``, kept).
     """
     try:
@@ -62,7 +70,15 @@ def parse_flags(argv: list[str],
         raise SystemExit(EXIT_USAGE) from None
     except SystemExit as stop:
         # absl's help flags print the help and exit 1; asking for help is not an error.
-        raise SystemExit(EXIT_OK if stop.code == EXIT_ERROR else stop.code) from None
+        code = EXIT_OK if stop.code == EXIT_ERROR else stop.code
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            silence_stdout()
+        raise SystemExit(code) from None
+    except BrokenPipeError:
+        silence_stdout()
+        raise SystemExit(EXIT_OK) from None
 
 
 def flag_error(err: absl_flags.Error) -> str:

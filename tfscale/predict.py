@@ -14,7 +14,9 @@ reads ``.npy`` arrays ``[H, W, C]``. The exported model applies evaluation's cro
 normalization itself.
 
 Bad usage (no exported model, a missing or unreadable image, ...) exits 2 with one line;
-help, a missing model and missing images answer before TensorFlow loads.
+help, a missing model and missing images answer before TensorFlow loads. When the reader of
+its output goes away (``| head``), it stops there quietly with exit code 0 (segmentation: the
+PNGs of the lines printed are written).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # noqa: E402
 from absl import flags as absl_flags  # noqa: E402
 
-from tfscale import command  # noqa: E402
+from tfscale import command, output  # noqa: E402
 
 # Before importing input_pipelines: python -m puts the user's directory, which may have a
 # package of that name, first on sys.path.
@@ -194,6 +196,7 @@ def segmentation_output(path: Path, output_dir: Path, args: Sequence[str]) -> Pa
     return output_dir / path.with_suffix(".png").name
 
 
+@output.ends_quietly
 def main(argv: list[str]) -> int:
     try:
         info = read_info(FLAGS.model_dir)

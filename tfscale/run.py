@@ -26,7 +26,9 @@ Options come before the script; everything after it is the script's own argument
 The launcher prefixes each worker's lines with ``[rank]``, forwards SIGTERM, SIGINT and
 SIGUSR1 to all workers, and when one fails, stops the others; with ``--max_restarts=N`` it then
 starts the whole group again, fresh rendezvous included, up to N times (not after exit 2 or
-75, or when the launcher itself was signalled). Supervision is :mod:`launch.local`'s.
+75, or when the launcher itself was signalled). Supervision is :mod:`launch.local`'s. When
+the reader of the launcher's output goes away (``| head``), the workers go on and their further
+output is discarded (:mod:`tfscale.output`).
 
 **Under a cluster launcher** (``srun``, ``mpirun``, ``jsrun``, ``horovodrun``: this process is
 one rank of a job, :func:`tfscale.cluster_env.launched`) it starts nothing: it sets
@@ -57,7 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from tfscale import cluster_env, cpu_binding
+from tfscale import cluster_env, cpu_binding, output
 from tfscale.cluster_env import RESTART_VAR, STRATEGY_VAR
 from tfscale.command import own_top_level_packages
 from tfscale.errors import EXIT_USAGE
@@ -69,8 +71,6 @@ from tfscale.strategies import (
     Strategy,
     strategies_that,
 )
-
-THREADS_VAR = "TF_NUM_INTRAOP_THREADS"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,6 +180,9 @@ def _launch(name: str, cls: type[Strategy], command: list[str], nproc: int,
             max_restarts: int, binding: bool | None) -> int:
     from launch.local import group_envs, supervise_restarts
 
+    # The workers go on when this output's reader goes away (| head); there is no run folder
+    # to keep their further output in.
+    output.divert_when_reader_leaves(None, "tfscale-run")
     bind = cpu_binding.binds_by_default(nproc) if binding is None else binding
     available = sorted(os.sched_getaffinity(0))
     try:
@@ -187,11 +190,12 @@ def _launch(name: str, cls: type[Strategy], command: list[str], nproc: int,
     except ValueError as err:
         print(f"tfscale-run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    threads = ({} if cores is None or THREADS_VAR in os.environ
-               else {r: {THREADS_VAR: str(len(c))} for r, c in enumerate(cores)})
+    intra = cpu_binding.INTRA_VAR
+    threads = ({} if cores is None or intra in os.environ
+               else {r: {intra: str(len(c))} for r, c in enumerate(cores)})
     for r in range(nproc):
         where = f"cores {','.join(map(str, cores[r]))}" if cores else "not bound"
-        given = threads.get(r, {}).get(THREADS_VAR) or os.environ.get(THREADS_VAR, "TF default")
+        given = threads.get(r, {}).get(intra) or os.environ.get(intra, "TF default")
         print(f"[launcher] worker {r} of {nproc} ({name}): {where}; intra-op threads {given}",
               flush=True)
 

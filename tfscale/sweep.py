@@ -11,6 +11,10 @@ sweep goes on. The table (``sweep.csv``, ``sweep.json``, ``sweep.md``) and plots
 (``throughput.png``, ``scaling.png``) are rewritten after every point. ``--dry_run`` checks every
 point's flags as ``tfscale.train`` would (plugins included) and prints its command, running
 nothing.
+
+When the reader of its output goes away (``| head``), the sweep goes on and appends its lines
+to ``OUT/sweep.log`` from there (:mod:`tfscale.output`); ``--dry_run`` and ``--help`` stop
+quietly with exit code 0.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 from absl import app, flags
 
-from tfscale import command, sweep_report
+from tfscale import command, output, sweep_report
 from tfscale.durations import clock
 from tfscale.errors import parse_flags
 
@@ -202,7 +206,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if _DRY_RUN.value:
-        return dry_run(points, argv[1:], Path(_OUT.value))
+        return output.ends_quietly(dry_run)(points, argv[1:], Path(_OUT.value))
+    output.divert_when_reader_leaves(Path(_OUT.value) / "sweep.log", "tfscale.sweep")
     rows = sweep(points, argv[1:], Path(_OUT.value), _TIMEOUT.value)
     failed = sum(r["status"] != "ok" for r in rows)
     print(f"[sweep] {len(rows) - failed} ok, {failed} failed; table: {_OUT.value}/sweep.md")

@@ -7,7 +7,9 @@ Examples::
     python -m tfscale.train --flagfile=run.flags
     python -m tfscale.train --list          # registered models, datasets and strategies
 
-Exit codes are listed in :mod:`tfscale.errors`.
+Exit codes are listed in :mod:`tfscale.errors`. When the reader of the output goes away
+(``| head``), the run goes on: its output is appended to ``MODEL_DIR/train.log`` from there
+(:mod:`tfscale.output`).
 
 TensorFlow is imported only by the process that trains: help, ``--list``, a bad flag or name,
 and the ``--num_processes`` launcher answer without it (model and dataset modules are imported
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -31,7 +34,7 @@ from tfscale import command  # noqa: E402
 # own models/ or launch/ package, first on sys.path.
 command.own_top_level_packages()
 
-from tfscale import cluster_env, config_change, plugins, preemption, rank_zero  # noqa: E402
+from tfscale import cluster_env, config_change, output, plugins, preemption, rank_zero  # noqa: E402
 from tfscale.errors import (  # noqa: E402
     EXIT_PEER_LOST,
     EXIT_USAGE,
@@ -42,6 +45,7 @@ from tfscale.errors import (  # noqa: E402
 from tfscale.flags import config_from_flags, define_flags  # noqa: E402
 
 FLAGS = absl_flags.FLAGS
+LOG = "train.log"  # under the model_dir: the output that its reader left behind
 
 
 def main(argv: list[str]) -> int:
@@ -53,10 +57,10 @@ def main(argv: list[str]) -> int:
               "(see --helpfull)", file=sys.stderr)
         return EXIT_USAGE
     if FLAGS.list:
-        print(plugins.describe_all())
-        return 0
+        return _list()
     try:
         config = config_from_flags(FLAGS, plugins.choose_dataset)
+        output.divert_when_reader_leaves(Path(config.model_dir) / LOG, "tfscale.train")
         plugins.validate_names(config)
         plugins.check_launcher(config)
         launching = config.num_processes > 1 and not cluster_env.launched()
@@ -88,6 +92,12 @@ def main(argv: list[str]) -> int:
             raise
         print(f"error: {peer}", file=sys.stderr, flush=True)
         return EXIT_PEER_LOST
+    return 0
+
+
+@output.ends_quietly
+def _list() -> int:
+    print(plugins.describe_all())
     return 0
 
 

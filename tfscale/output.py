@@ -1,0 +1,166 @@
+"""What a command does when the reader of its output goes away (``| head``, a closed ``tee``).
+
+Python ignores SIGPIPE, so a write into a pipe that nobody reads any more raises
+``BrokenPipeError``; left alone, that ends a command with a traceback and exit code 1, or hangs
+a launcher whose output thread died while its workers' pipes fill up. Two rules:
+
+- **A run's output is not its work** (:func:`divert_when_reader_leaves`): ``tfscale.train``
+  (each process, the ``--num_processes`` launcher included), ``tfscale.sweep`` and
+  ``tfscale-run`` keep going. The broken stream's file descriptor is pointed at the run's own
+  log (``MODEL_DIR/train.log``, ``OUT/sweep.log``; ``tfscale-run`` has none and discards), one
+  line on stderr says so, and the run ends as it would have: checkpoint, results, exit code.
+- **A listing's output is its product** (:func:`ends_quietly`): help, ``--list``,
+  ``tfscale.predict``, ``tfscale.sweep --dry_run`` stop at the first line they cannot write,
+  silently, with exit code 0, as ``ls | head`` does (without ``pipefail``'s 141: the reader
+  took what it wanted).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec
+
+P = ParamSpec("P")
+
+_lock = threading.Lock()
+_diverted: set[int] = set()  # file descriptors already pointed at the log
+
+
+class _Descriptor(io.RawIOBase):
+    """Writes to file descriptor ``fd``; the first write that finds its reader gone points
+    ``fd`` at the log (``divert``) and is written there."""
+
+    def __init__(self, fd: int, divert: Callable[[int], None]) -> None:
+        super().__init__()
+        self._fd = fd
+        self._divert = divert
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        try:
+            return os.write(self._fd, data)
+        except BrokenPipeError:
+            self._divert(self._fd)
+            return os.write(self._fd, data)
+
+
+def _is_pipe(stream: Any) -> bool:
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture), or closed
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _rebuilt(stream: Any, divert: Callable[[int], None]) -> io.TextIOWrapper:
+    """A text stream like ``stream`` (encoding, errors, buffering) over a :class:`_Descriptor`
+    of its file descriptor."""
+    stream.flush()
+    raw = _Descriptor(stream.fileno(), divert)
+    binary = raw if isinstance(stream.buffer, io.RawIOBase) else io.BufferedWriter(raw)
+    return io.TextIOWrapper(binary, encoding=stream.encoding, errors=stream.errors,  # type: ignore[arg-type]
+                            line_buffering=stream.line_buffering,
+                            write_through=getattr(stream, "write_through", False))
+
+
+def divert_when_reader_leaves(log: Path | None, program: str) -> None:
+    """From now on, when the reader of stdout or stderr goes away, this process writes that
+    stream to ``log`` (appended; created with its folder) instead, or discards it when ``log``
+    is None, and goes on; it says so once on stderr (if stderr is gone too, only in ``log``).
+
+    Only a pipe or socket can lose its reader: a stream that is a terminal or a file, or not a
+    file at all, is left as it is. File descriptors are redirected (``dup2``), so output written
+    below Python (TensorFlow's) and by child processes started later goes to ``log`` too.
+
+    Args:
+        log: the run's own log, e.g. ``MODEL_DIR/train.log``; None to discard.
+        program: the command, named in the notice (``tfscale.train``).
+    """
+
+    def divert(fd: int) -> None:
+        with _lock:
+            if fd in _diverted:  # another thread's write found the same broken pipe first
+                return
+            where = _open_log(log)
+            os.dup2(where, fd)
+            os.close(where)
+            _diverted.add(fd)
+            first = len(_diverted) == 1
+        if not first:
+            return
+        name = "stdout" if fd == 1 else "stderr" if fd == 2 else f"file descriptor {fd}"
+        went = f"its output goes to {log}" if log else "its output is discarded"
+        notice = (f"{program}: the reader of {name} has gone (broken pipe); the run goes on "
+                  f"and {went}\n").encode()
+        if log is not None and fd != 2:
+            _write_quietly(fd, f"[{program}, pid {os.getpid()}, "
+                           f"{time.strftime('%Y-%m-%d %H:%M:%S')}] {name} continues here: "
+                           "its reader closed the pipe\n".encode())
+        _write_quietly(2, notice)
+
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if _is_pipe(stream) and not isinstance(getattr(stream, "buffer", None), _Descriptor):
+            setattr(sys, name, _rebuilt(stream, divert))
+
+
+def _open_log(log: Path | None) -> int:
+    if log is not None:
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError:
+            pass  # an unwritable log must not stop the run either
+    return os.open(os.devnull, os.O_WRONLY)
+
+
+def _write_quietly(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass  # stderr is gone too: the run goes on without the notice
+
+
+def silence_stdout() -> None:
+    """Points stdout at /dev/null, so that nothing more goes to a pipe whose reader has gone
+    (Python's own flush at exit included, which would otherwise end in exit code 120)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # stdout is not a file: nothing to silence
+    finally:
+        os.close(devnull)
+
+
+def ends_quietly(main: Callable[P, int]) -> Callable[P, int]:
+    """``main`` of a command whose output is its product: when the reader of its stdout goes
+    away, it stops there and returns 0 instead of raising ``BrokenPipeError``."""
+
+    @functools.wraps(main)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> int:
+        try:
+            code = main(*args, **kwargs)
+            sys.stdout.flush()  # what is still buffered fails here, not at exit
+        except BrokenPipeError:
+            silence_stdout()
+            return 0
+        return code
+
+    return wrapper
