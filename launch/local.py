@@ -13,7 +13,10 @@ all workers (so they checkpoint and exit), and when one worker fails it stops th
 returns that worker's exit code. Workers die with the launcher even if it is SIGKILLed
 (``PR_SET_PDEATHSIG``), so no process is left behind. It reads the workers' output to the end
 whatever becomes of its own: a worker whose pipe nobody read would block on its next line and
-stall the group (``tfscale.train | head`` did).
+stall the group (``tfscale.train | head`` did). TensorFlow's start-up notices that
+``TF_CPP_MIN_LOG_LEVEL`` does not silence (absl's "All log messages before
+absl::InitializeLog()", oneDNN's and the CPU-feature lines: two or three a worker, before its
+first own line) are left out unless ``TF_CPP_MIN_LOG_LEVEL=0`` asks for TensorFlow's INFO.
 
 With ``--max_restarts N`` (:func:`supervise_restarts`, as torchrun's) a failed group is stopped
 and started again, whole, up to N times, each attempt with a fresh rendezvous (new ports) and
@@ -29,6 +32,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -46,6 +50,15 @@ from tfscale.strategies import STRATEGIES, Launcher
 
 GRACE_SECONDS = 20.0
 _PR_SET_PDEATHSIG = 1
+# TensorFlow's start-up lines that TF_CPP_MIN_LOG_LEVEL does not silence (its absl logs before
+# absl's own initialization): the absl notice, oneDNN's, and the CPU features it was built for.
+_TF_STARTUP = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|I\d{4} [\d:.]+ +\d+ (port\.cc:\d+\] oneDNN custom operations are on\."
+    r"|cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized)"
+    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate "
+    r"compiler flags\.$")
+
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free TCP ports on 127.0.0.1."""
@@ -154,9 +167,10 @@ def _pump(rank: int, stream: IO[str], out: IO[str]) -> None:
     """Copies worker ``rank``'s lines to ``out`` until the worker closes its end. Never stops
     early: when ``out`` fails (a full disk; a broken pipe, which :mod:`tfscale.output` turns
     into a log), the lines are dropped, still read."""
+    quiet = os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "0"
     writing = True
     for line in stream:
-        if not writing:
+        if not writing or (quiet and _TF_STARTUP.match(line)):
             continue
         try:
             out.write(f"[{rank}] {line}")

@@ -11,7 +11,8 @@
 
 ``--help``, ``--helpshort`` and ``--helpfull`` exit 0; absl's own flag errors (an unknown or
 misspelt flag, a bad value, a missing ``--flagfile``) are bad usage like any other: one line,
-exit 2 (:func:`parse_flags`).
+exit 2 (:func:`parse_flags`). So do the usage errors of tfscale's API for your own script
+(``tfscale.setup: ...``) that the script leaves uncaught (:func:`report_script_usage_errors`).
 
 A reader of the output that goes away (``| head``, a closed pipe) changes no exit code
 (:mod:`tfscale.output`): a training run goes on to its end, its output appended to
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
+from types import TracebackType
 
 from absl import flags as absl_flags
 
@@ -79,6 +81,32 @@ def parse_flags(argv: list[str],
     except BrokenPipeError:
         silence_stdout()
         raise SystemExit(EXIT_OK) from None
+
+
+# tfscale's API for users' scripts names the function in its usage errors (ValueErrors).
+_SCRIPT_USAGE = re.compile(r"tfscale\.\w+: ")
+
+
+def report_script_usage_errors() -> None:
+    """From now on, a usage error of tfscale's API that a script does not catch (a
+    ``ValueError`` whose message starts with the function's name, ``tfscale.setup: ...``) ends
+    the process as bad usage of tfscale's commands does: one ``error: ...`` line on stderr and
+    exit code 2, which ``tfscale-run --max_restarts`` does not restart, instead of a traceback
+    from every worker. Other exceptions reach the hook that was there before."""
+    previous = sys.excepthook
+    if getattr(previous, "reports_script_usage_errors", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException,
+             traceback: TracebackType | None) -> None:
+        if isinstance(value, ValueError) and _SCRIPT_USAGE.match(str(value)):
+            print(f"error: {value}", file=sys.stderr, flush=True)
+            # Raised by the hook, SystemExit sets the exit code (atexit handlers still run).
+            raise SystemExit(EXIT_USAGE)
+        previous(kind, value, traceback)
+
+    hook.reports_script_usage_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def flag_error(err: absl_flags.Error) -> str:

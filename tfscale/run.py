@@ -26,9 +26,10 @@ Options come before the script; everything after it is the script's own argument
 The launcher prefixes each worker's lines with ``[rank]``, forwards SIGTERM, SIGINT and
 SIGUSR1 to all workers, and when one fails, stops the others; with ``--max_restarts=N`` it then
 starts the whole group again, fresh rendezvous included, up to N times (not after exit 2 or
-75, or when the launcher itself was signalled). Supervision is :mod:`launch.local`'s. When
-the reader of the launcher's output goes away (``| head``), the workers go on and their further
-output is discarded (:mod:`tfscale.output`).
+75, or when the launcher itself was signalled). Supervision is :mod:`launch.local`'s, which
+also leaves out TensorFlow's start-up notices. When the reader of the launcher's output goes
+away (``| head``), the workers go on and their further output is discarded
+(:mod:`tfscale.output`).
 
 **Under a cluster launcher** (``srun``, ``mpirun``, ``jsrun``, ``horovodrun``: this process is
 one rank of a job, :func:`tfscale.cluster_env.launched`) it starts nothing: it sets
@@ -43,7 +44,10 @@ there are the cluster's business (e.g. Slurm's ``--requeue``).
 - 2: bad usage, in one line (no script, ``--nproc`` < 1, an unknown strategy, the script not
   found, a one-process strategy with ``--nproc`` > 1, Horovod not installed);
 - N: the first worker that failed (in the last attempt) exited with N; 128+S: it was killed by
-  signal S.
+  signal S. A script that leaves a usage error of tfscale's API uncaught once
+  ``tfscale.setup()`` has started (the runtime settings install the hook: ``setup()`` called
+  too late under ``multiworker``, ``prepare()``'s refusals) exits 2 after one ``error: ...``
+  line (:func:`tfscale.errors.report_script_usage_errors`), and is not restarted.
 
 Under a cluster launcher the exit code is the script's own.
 """

@@ -9,6 +9,7 @@ import sys
 
 from tfscale import cpu_binding, precision, rank_zero
 from tfscale.config import TrainConfig
+from tfscale.errors import report_script_usage_errors
 
 # TrainConfig's precision names -> Keras dtype policies.
 POLICIES = {"fp32": "float32", "mixed_float16": "mixed_float16",
@@ -19,6 +20,9 @@ def configure_runtime(config: TrainConfig) -> None:
     """Process-wide TF/Keras settings; must run before TensorFlow executes any op."""
     import keras
     import tensorflow as tf
+
+    # A user's script (tfscale.setup) that misuses tfscale ends with tfscale's one line.
+    report_script_usage_errors()
 
     threads = cpu_binding.plan(config.cpu_binding, config.intra_op_threads,
                                config.inter_op_threads)
