@@ -9,13 +9,16 @@ in tests/test_sync_bn.py, whose runs this shares.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import requires_horovod, run_process
 from tfscale import bn_statistics
 from tfscale.bn_statistics import Recomputer, Statistics, agree, resolve_mode
 from tfscale.recompute import recompute_blocks
@@ -223,3 +226,34 @@ def test_refresh_once_per_step_and_the_modes() -> None:
     with pytest.raises(ValueError, match=r"--bn_statistics='fresh'; expected one of auto, ema, "
                                          r"precise"):
         resolve_mode("fresh", True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "api"), [
+    pytest.param("horovod", "prepare", marks=requires_horovod), ("multiworker", "keras")])
+def test_users_scripts_end_with_the_statistics_of_both_workers_images(
+        strategy: str, api: str, tmp_path: Path) -> None:
+    """A user's script on 2 workers (tfscale.prepare under horovod; the callback in a plain
+    MultiWorkerMirroredStrategy script): both end with the same statistics, those one process
+    computes from the trained weights over both workers' first batches."""
+    from tests.workers import bn_script
+
+    proc = run_process([sys.executable, "-m", "tfscale.run", "--nproc=2",
+                        f"--strategy={strategy}", "-m", "tests.workers.bn_script",
+                        f"--out={tmp_path}", f"--api={api}"], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    weights = [[f[f"w{i}"] for i in range(len(f.files) - 1)] for f in ranks]
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    model = bn_script.build_model()
+    model.set_weights(weights[0])
+    trained = [moving(model, name) for name in ("b1_bn", "b2_bn")]
+    images = np.concatenate([f["images"] for f in ranks])
+    assert len(images) == bn_script.IMAGES
+    Recomputer(model, identity, bn_script.BATCH).recompute(
+        iter([images[i:i + bn_script.BATCH] for i in range(0, len(images), bn_script.BATCH)]),
+        bn_script.IMAGES)
+    for (mean, var), name in zip(trained, ("b1_bn", "b2_bn"), strict=True):
+        np.testing.assert_allclose(mean, moving(model, name)[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(var, moving(model, name)[1], rtol=1e-5, atol=1e-5)

@@ -80,7 +80,7 @@ def test_features_applied_before_or_after_compile_train_alike(default: object,
     model, optimizer, callbacks = before
     assert "train_step" in vars(model) and "call" in vars(model)  # accumulation, recompute
     assert optimizer.built and [type(c).__name__ for c in callbacks] == [
-        "TrainingGuard", "Checkpoint"]
+        "TrainingGuard", "BatchNormStatistics", "Checkpoint"]
     weights_before = _fit(model, optimizer, callbacks)
     assert (tmp_path / "ckpt").is_dir() and before.resumed_step == 0
 

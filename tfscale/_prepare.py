@@ -43,6 +43,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfscale import rank_zero
+from tfscale.bn_statistics import MODES
 from tfscale.config import TrainConfig, config_names
 from tfscale.runtime import POLICIES, configure_runtime, resolve_precision
 from tfscale.strategies import Strategy, create
@@ -126,6 +127,11 @@ def _current(**options: Any) -> Strategy:
     return _session.strategy if _session is not None else setup(**options)
 
 
+def current_strategy() -> Strategy | None:
+    """The strategy :func:`setup` started in this process, or None."""
+    return _session.strategy if _session is not None else None
+
+
 def _close() -> None:
     global _session
     if _session is not None:
@@ -169,17 +175,27 @@ class Prepared:
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
+    bn_statistics: str = "auto"
+    bn_statistics_data: Any = None
+    bn_statistics_images: int = 1024
+    grad_accum_steps: int = 1
 
     @property
     def callbacks(self) -> list[keras.callbacks.Callback]:
         """New callbacks for ``fit``: the strategy's (broadcast of the initial state, metric
         averaging), the :class:`~tfscale.callbacks.TrainingGuard` (all workers stop together on
-        a NaN loss or SIGTERM), and chief-only checkpoints into ``checkpoint_dir`` if given."""
+        a NaN loss or SIGTERM), the :class:`~tfscale.callbacks.BatchNormStatistics` (batch-norm
+        statistics of the current weights, the same on every worker, before each validation,
+        at each epoch end and at the end), and chief-only checkpoints into ``checkpoint_dir``
+        if given."""
         from tfscale import callbacks as cbs
         from tfscale.checkpointing import CheckpointManager
 
         out = [*self.strategy.callbacks(),
-               cbs.TrainingGuard(self.strategy, periods=(self.checkpoint_every,))]
+               cbs.TrainingGuard(self.strategy, periods=(self.checkpoint_every,)),
+               cbs.BatchNormStatistics(self.bn_statistics_data, self.bn_statistics_images,
+                                       comm=self.strategy, micro_batches=self.grad_accum_steps,
+                                       mode=self.bn_statistics)]
         if self.checkpoint_dir:
             manager = CheckpointManager(self.checkpoint_dir, self.keep_checkpoints)
             out.append(cbs.Checkpoint(manager, self.checkpoint_every))
@@ -193,7 +209,9 @@ def prepare(model: keras.Model, optimizer: keras.optimizers.Optimizer | str | No
             grad_accum_steps: int = 1, sync_bn: bool = False, sync_bn_group: int = 0,
             recompute: BlockRule | None = None, gradient_lag: int = 0,
             precision: str | None = None, checkpoint_dir: str = "", checkpoint_every: int = 0,
-            keep_checkpoints: int = 3, strategy: Strategy | None = None) -> Prepared:
+            keep_checkpoints: int = 3, bn_statistics: str = "auto",
+            bn_statistics_data: Any = None, bn_statistics_images: int = 1024,
+            strategy: Strategy | None = None) -> Prepared:
     """Applies tfscale's features to ``model`` and ``optimizer`` under the strategy, in the
     order of the module docstring.
 
@@ -213,6 +231,12 @@ def prepare(model: keras.Model, optimizer: keras.optimizers.Optimizer | str | No
         checkpoint_dir: where the chief saves checkpoints (at each epoch end, or every
             ``checkpoint_every`` steps), keeping ``keep_checkpoints``; the newest one found
             there is restored now (:attr:`Prepared.resumed_step`).
+        bn_statistics: ``precise``, ``ema`` or ``auto`` (precise when ``bn_statistics_data``
+            is given): how the callbacks bring the batch-norm statistics up to date (see
+            ``tfscale.train --bn_statistics`` and :class:`tfscale.callbacks.BatchNormStatistics`).
+        bn_statistics_data: this worker's training batches as ``fit`` reads them (a
+            ``tf.data.Dataset``), for precise statistics.
+        bn_statistics_images: images per recomputation, all workers together.
         strategy: an already set-up strategy (``tfscale.train``'s); default: :func:`setup`'s.
 
     Returns:
@@ -255,8 +279,13 @@ def prepare(model: keras.Model, optimizer: keras.optimizers.Optimizer | str | No
         prepared.build(model.trainable_variables)
         _apply_model_features(model, config, strategy, recompute)
     strategy.prepare_model(model)
+    if bn_statistics not in MODES or (
+            bn_statistics == "precise" and bn_statistics_data is None):
+        raise ValueError(f"tfscale.prepare: bn_statistics={bn_statistics!r}; expected auto, ema "
+                         "or precise (precise needs bn_statistics_data, the training batches)")
     result = Prepared(model, prepared, strategy, 0, checkpoint_dir, checkpoint_every,
-                      keep_checkpoints)
+                      keep_checkpoints, bn_statistics, bn_statistics_data, bn_statistics_images,
+                      grad_accum_steps)
     if checkpoint_dir:
         result.resumed_step = _restore(model, prepared, strategy, checkpoint_dir,
                                        keep_checkpoints)

@@ -1,5 +1,6 @@
 """tfscale's Keras callbacks, usable in any ``model.fit`` (one class per module)."""
 
+from tfscale.callbacks.batch_norm import BatchNormStatistics
 from tfscale.callbacks.broadcast import BroadcastInitialState
 from tfscale.callbacks.checkpoint import Checkpoint
 from tfscale.callbacks.chief_only import ChiefOnly
@@ -17,7 +18,8 @@ from tfscale.callbacks.throughput import ThroughputMeter
 from tfscale.callbacks.warmup import LearningRateWarmup
 from tfscale.callbacks.watchdog import StepWatchdog
 
-__all__ = ["BroadcastInitialState", "Checkpoint", "ChiefOnly", "DDLGlobalVariablesBroadcast",
-           "DDLMetricSync", "EpochEvents", "Evaluation", "LearningRateWarmup", "MetricAverage",
-           "ProfileSteps", "ProgressLogger", "StepSummaries", "StepWatchdog", "TargetStop",
-           "ThroughputMeter", "TrainingGuard", "check_ddl_order", "optimizer_step"]
+__all__ = ["BatchNormStatistics", "BroadcastInitialState", "Checkpoint", "ChiefOnly",
+           "DDLGlobalVariablesBroadcast", "DDLMetricSync", "EpochEvents", "Evaluation",
+           "LearningRateWarmup", "MetricAverage", "ProfileSteps", "ProgressLogger",
+           "StepSummaries", "StepWatchdog", "TargetStop", "ThroughputMeter", "TrainingGuard",
+           "check_ddl_order", "optimizer_step"]

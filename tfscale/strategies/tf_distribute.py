@@ -9,6 +9,7 @@ through one cached ``all_gather`` function.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +23,36 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 
+_GATHERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def gather_rows(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:
+    """Every replica's copy of ``values`` under ``strategy``, stacked: ``[replicas, *shape]``
+    (one cached all-gather function per strategy; a collective: every worker calls it)."""
+    import tensorflow as tf
+
+    if strategy not in _GATHERS:
+        def replica_fn(x: tf.Tensor) -> tf.Tensor:
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_gather(x[tf.newaxis], axis=0)
+
+        _GATHERS[strategy] = tf.function(lambda t: strategy.run(replica_fn, args=(t,)))
+    out = _GATHERS[strategy](tf.constant(values))
+    return np.asarray(strategy.experimental_local_results(out)[0].numpy())
+
+
+def process_sum(strategy: tf.distribute.Strategy, processes: int, values: np.ndarray
+                ) -> np.ndarray:
+    """The sum over ``processes`` processes of each one's float64 ``values`` (each counted
+    once, whatever its number of local replicas)."""
+    rows = gather_rows(strategy, np.asarray(values, np.float64).reshape(-1))
+    return reduce_rows(rows[:: int(strategy.num_replicas_in_sync) // processes], "sum")
+
+
 class TFDistributeStrategy(Strategy):
     """Base of strategies that wrap a ``tf.distribute.Strategy`` (``self.tf_strategy``)."""
 
     tf_strategy: tf.distribute.Strategy
-    _gather_fn: Any
 
     @property
     def jit_scope(self) -> str:
@@ -49,22 +75,7 @@ class TFDistributeStrategy(Strategy):
 
     def _gather(self, values: np.ndarray) -> np.ndarray:
         """Every replica's copy of ``values``, stacked: shape ``[replicas, *values.shape]``."""
-        import tensorflow as tf
-
-        if not hasattr(self, "_gather_fn"):
-            strategy = self.tf_strategy
-
-            @tf.function
-            def gather(t: tf.Tensor) -> Any:
-                def replica_fn(x: tf.Tensor) -> tf.Tensor:
-                    ctx = tf.distribute.get_replica_context()
-                    return ctx.all_gather(x[tf.newaxis], axis=0)
-
-                return strategy.run(replica_fn, args=(t,))
-
-            self._gather_fn = gather
-        out = self._gather_fn(tf.constant(values))
-        return np.asarray(self.tf_strategy.experimental_local_results(out)[0].numpy())
+        return gather_rows(self.tf_strategy, values)
 
     def all_reduce(self, values: Sequence[float] | np.ndarray, op: str = "mean") -> np.ndarray:
         check_op(op)
