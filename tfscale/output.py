@@ -9,6 +9,8 @@ a launcher whose output thread died while its workers' pipes fill up. Two rules:
   ``tfscale-run`` keep going. The broken stream's file descriptor is pointed at the run's own
   log (``MODEL_DIR/train.log``, ``OUT/sweep.log``; ``tfscale-run`` has none and discards), one
   line on stderr says so, and the run ends as it would have: checkpoint, results, exit code.
+  Before the run's folder is known (:func:`hold_when_reader_leaves`) the output is kept and
+  moved into the log once it is.
 - **A listing's output is its product** (:func:`ends_quietly`): help, ``--list``,
   ``tfscale.predict``, ``tfscale.sweep --dry_run`` stop at the first line they cannot write,
   silently, with exit code 0, as ``ls | head`` does (without ``pipefail``'s 141: the reader
@@ -22,17 +24,14 @@ import io
 import os
 import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import IO, Any, ParamSpec
 
 P = ParamSpec("P")
-
-_lock = threading.Lock()
-_diverted: set[int] = set()  # file descriptors already pointed at the log
-
 
 class _Descriptor(io.RawIOBase):
     """Writes to file descriptor ``fd``; the first write that finds its reader gone points
@@ -79,10 +78,89 @@ def _rebuilt(stream: Any, divert: Callable[[int], None]) -> io.TextIOWrapper:
                             write_through=getattr(stream, "write_through", False))
 
 
+class _Diversion:
+    """Where this process's streams go once their reader has gone: one target for stdout and
+    stderr, set by :func:`divert_when_reader_leaves` and :func:`hold_when_reader_leaves`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.program = ""
+        self.log: Path | None = None
+        self.holding = False  # the log is not known yet
+        self.held: IO[bytes] | None = None  # what was written while holding
+        self.diverted: list[int] = []  # file descriptors pointed away from their pipe
+        self.announced = False
+        self.installed: set[str] = set()
+
+    def divert(self, fd: int) -> None:
+        """Points ``fd``, whose reader has gone, at the target."""
+        with self.lock:
+            if fd in self.diverted:  # another thread's write found the same broken pipe first
+                return
+            self.diverted.append(fd)
+            self._point([fd])
+
+    def retarget(self, program: str, log: Path | None, holding: bool) -> None:
+        """Sets the target; the streams already diverted go there from now on."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # what is buffered goes where it was written for
+            except (OSError, ValueError):
+                pass
+        with self.lock:
+            self.program, self.log, self.holding = program, log, holding
+            if self.diverted:
+                self._point(list(self.diverted))
+
+    def _point(self, fds: list[int]) -> None:
+        """Points ``fds`` at the target (with the lock held); once it is final, says so."""
+        names = " and ".join(_NAMES.get(fd, f"file descriptor {fd}") for fd in fds)
+        if self.holding:
+            if self.held is None:
+                self.held = tempfile.TemporaryFile()
+            target = os.dup(self.held.fileno())
+        else:
+            target = _open_log(self.log)
+            if self.log is not None:
+                _write_quietly(target, f"[{self.program}, pid {os.getpid()}, "
+                               f"{time.strftime('%Y-%m-%d %H:%M:%S')}] {names} "
+                               f"continue{'s' if len(fds) == 1 else ''} here: its reader "
+                               "closed the pipe\n".encode())
+            if self.held is not None:
+                self.held.seek(0)
+                while chunk := self.held.read(1 << 16):
+                    _write_quietly(target, chunk)
+                self.held.close()
+                self.held = None
+        for fd in fds:
+            os.dup2(target, fd)
+        os.close(target)
+        if self.holding or self.announced:
+            return
+        self.announced = True
+        went = f"its output goes to {self.log}" if self.log else "its output is discarded"
+        _write_quietly(2, f"{self.program}: the reader of {names} has gone (broken pipe); the "
+                       f"run goes on and {went}\n".encode())
+
+    def install(self) -> None:
+        """Puts stdout and stderr, where they are pipes, over :class:`_Descriptor` s."""
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if name not in self.installed and _is_pipe(stream):
+                setattr(sys, name, _rebuilt(stream, self.divert))
+                self.installed.add(name)
+
+
+_NAMES = {1: "stdout", 2: "stderr"}
+_diversion = _Diversion()
+
+
 def divert_when_reader_leaves(log: Path | None, program: str) -> None:
     """From now on, when the reader of stdout or stderr goes away, this process writes that
     stream to ``log`` (appended; created with its folder) instead, or discards it when ``log``
     is None, and goes on; it says so once on stderr (if stderr is gone too, only in ``log``).
+    Called again, e.g. once the run's folder is known, it names the new log: what was held
+    (:func:`hold_when_reader_leaves`) is moved there first.
 
     Only a pipe or socket can lose its reader: a stream that is a terminal or a file, or not a
     file at all, is left as it is. File descriptors are redirected (``dup2``), so output written
@@ -92,32 +170,15 @@ def divert_when_reader_leaves(log: Path | None, program: str) -> None:
         log: the run's own log, e.g. ``MODEL_DIR/train.log``; None to discard.
         program: the command, named in the notice (``tfscale.train``).
     """
+    _diversion.retarget(program, log, holding=False)
+    _diversion.install()
 
-    def divert(fd: int) -> None:
-        with _lock:
-            if fd in _diverted:  # another thread's write found the same broken pipe first
-                return
-            where = _open_log(log)
-            os.dup2(where, fd)
-            os.close(where)
-            _diverted.add(fd)
-            first = len(_diverted) == 1
-        if not first:
-            return
-        name = "stdout" if fd == 1 else "stderr" if fd == 2 else f"file descriptor {fd}"
-        went = f"its output goes to {log}" if log else "its output is discarded"
-        notice = (f"{program}: the reader of {name} has gone (broken pipe); the run goes on "
-                  f"and {went}\n").encode()
-        if log is not None and fd != 2:
-            _write_quietly(fd, f"[{program}, pid {os.getpid()}, "
-                           f"{time.strftime('%Y-%m-%d %H:%M:%S')}] {name} continues here: "
-                           "its reader closed the pipe\n".encode())
-        _write_quietly(2, notice)
 
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if _is_pipe(stream) and not isinstance(getattr(stream, "buffer", None), _Descriptor):
-            setattr(sys, name, _rebuilt(stream, divert))
+def hold_when_reader_leaves(program: str) -> None:
+    """:func:`divert_when_reader_leaves` before the log is known: what is written after the
+    reader left is kept (in a temporary file) until it names the log, then moved into it."""
+    _diversion.retarget(program, None, holding=True)
+    _diversion.install()
 
 
 def _open_log(log: Path | None) -> int:

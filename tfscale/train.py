@@ -58,6 +58,8 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE
     if FLAGS.list:
         return _list()
+    # Building the config may print (what the data holds); the run's folder is known after.
+    output.hold_when_reader_leaves("tfscale.train")
     try:
         config = config_from_flags(FLAGS, plugins.choose_dataset)
         output.divert_when_reader_leaves(Path(config.model_dir) / LOG, "tfscale.train")
