@@ -201,7 +201,6 @@ def test_launcher_whose_reader_leaves_keeps_its_workers_going_and_stops_at_a_che
     assert all(line.startswith(("[0] ", "[1] ")) for line in head), head
     text = log.read_text()
     assert "[0] error: preempted by a signal at step" in text
-    assert "[launcher] worker" in text and "exited with code 75" in text
     # The checkpoint of the step it stopped at, and the lock released.
     step = int(text.split("preempted by a signal at step ")[1].split(";")[0])
     assert step >= 1000 and (model_dir / "checkpoints" / f"ckpt-{step:09d}.npz").is_file()
