@@ -59,23 +59,25 @@ class _Descriptor(io.RawIOBase):
             return os.write(self._fd, data)
 
 
-def _is_pipe(stream: Any) -> bool:
+def _is_pipe(stream: io.TextIOWrapper) -> bool:
     try:
         mode = os.fstat(stream.fileno()).st_mode
-    except (AttributeError, OSError, ValueError):  # not a file (a test's capture), or closed
+    except (OSError, ValueError):  # closed, or over no file descriptor
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-def _rebuilt(stream: Any, divert: Callable[[int], None]) -> io.TextIOWrapper:
+def _rebuilt(stream: io.TextIOWrapper, divert: Callable[[int], None]) -> io.TextIOWrapper:
     """A text stream like ``stream`` (encoding, errors, buffering) over a :class:`_Descriptor`
     of its file descriptor."""
     stream.flush()
     raw = _Descriptor(stream.fileno(), divert)
     binary = raw if isinstance(stream.buffer, io.RawIOBase) else io.BufferedWriter(raw)
-    return io.TextIOWrapper(binary, encoding=stream.encoding, errors=stream.errors,  # type: ignore[arg-type]
+    # typeshed's _WrappedBuffer is narrower than what TextIOWrapper takes (raw or buffered).
+    return io.TextIOWrapper(binary, encoding=stream.encoding,  # type: ignore[arg-type]
+                            errors=stream.errors,
                             line_buffering=stream.line_buffering,
-                            write_through=getattr(stream, "write_through", False))
+                            write_through=stream.write_through)
 
 
 class _Diversion:
@@ -146,7 +148,8 @@ class _Diversion:
         """Puts stdout and stderr, where they are pipes, over :class:`_Descriptor` s."""
         for name in ("stdout", "stderr"):
             stream = getattr(sys, name)
-            if name not in self.installed and _is_pipe(stream):
+            if (name not in self.installed and isinstance(stream, io.TextIOWrapper)
+                    and _is_pipe(stream)):
                 setattr(sys, name, _rebuilt(stream, self.divert))
                 self.installed.add(name)
 
