@@ -69,6 +69,8 @@ declare("resnet50_tiny", "models.resnet50:build_resnet50_tiny",
         "ResNet-50 v1.5 layout with 1/16 of the filters, for tests", CLASSIFICATION)
 declare("tiny_cnn", "models.small:build_tiny_cnn",
         "2-conv CNN without batch norm, for tests", CLASSIFICATION)
+declare("tiny_bn_cnn", "models.small:build_tiny_bn_cnn",
+        "tiny_cnn with batch norm after each convolution, for tests", CLASSIFICATION)
 declare("mlp", "models.small:build_mlp",
         "3-layer perceptron (communication-bound), for scaling tests", CLASSIFICATION)
 declare("deeplabv3plus", "models.deeplabv3plus:build_deeplabv3plus",
