@@ -225,6 +225,14 @@ def ends_quietly(main: Callable[P, int]) -> Callable[P, int]:
         except BrokenPipeError:
             silence_stdout()
             return 0
+        except SystemExit:
+            # argparse's --help writes (ignoring a broken pipe) and exits: Python's own flush
+            # at exit would fail with exit code 120.
+            try:
+                sys.stdout.flush()
+            except BrokenPipeError:
+                silence_stdout()
+            raise
         return code
 
     return wrapper

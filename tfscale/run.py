@@ -247,7 +247,8 @@ def entry() -> None:
     """The ``tfscale-run`` console script (and ``python -m tfscale.run``)."""
     # launch.local is tfscale's, also where the user's directory has its own launch package.
     own_top_level_packages()
-    sys.exit(main())
+    # --help | head ends quietly; a run's own output is diverted when its reader leaves.
+    sys.exit(output.ends_quietly(main)())
 
 
 if __name__ == "__main__":
