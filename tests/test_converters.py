@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from input_pipelines.core import segmentation_records
 from input_pipelines.core.manifest import sha256_file
 from input_pipelines.core.stats import compute
 from input_pipelines.tools import folder_to_tfrecord, segmentation_to_tfrecord
-from tests.pipeline_data import seg_sample, write_h5, write_image_folder
+from tests.pipeline_data import image, seg_sample, write_h5, write_image_folder
 
 
 def records(path: Path) -> list[dict]:
@@ -82,6 +84,41 @@ def test_shards_are_balanced_and_the_manifest_describes_them(tmp_path):
         labels = [r["image/class/label"] for r in records(path)]
         assert len(labels) == shard["examples"]
         assert (shard["label_min"], shard["label_max"]) == (min(labels), max(labels))
+
+
+def test_the_manifest_records_the_sizes_of_the_training_images(tmp_path, monkeypatch):
+    shapes = {"c0/a.png": (20, 24, 3), "c0/b.png": (32, 18, 1), "c1/c.png": (16, 16, 4),
+              "c1/d.png": (40, 40, 3)}
+    for name, (height, width, channels) in shapes.items():
+        (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / name).write_bytes(
+            tf.io.encode_png(image(len(name), height, width, channels)).numpy())
+    args = (str(tmp_path / "in"), str(tmp_path / "out"))
+    kwargs = {"shards": 2, "validation_shards": 1, "validation_fraction": 0.5}
+    folder_to_tfrecord.convert(*args, **kwargs)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    held_out = {r["image/filename"].decode() for r in all_records(tmp_path / "out", "validation")}
+    trained = [shapes[name] for name in shapes if name not in held_out]
+    # As stored: a JPEG has no alpha, so the RGBA image counts as RGB.
+    channels = [min(c, 3) for _, _, c in trained]
+    assert manifest["image_sizes"] == {
+        "images": 2, "height": [min(h for h, _, _ in trained), max(h for h, _, _ in trained)],
+        "width": [min(w for _, w, _ in trained), max(w for _, w, _ in trained)],
+        "shorter_side_sum": sum(min(h, w) for h, w, _ in trained),
+        "channels": {str(c): channels.count(c) for c in sorted(set(channels))}}
+    # The training shards of a converter that recorded no sizes are rewritten, not reused.
+    with monkeypatch.context() as patch:
+        patch.setattr(folder_to_tfrecord, "TRAINING_MARKER", "|pixel_stats")
+        folder_to_tfrecord.convert(*args, **kwargs)
+    old = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    del old["image_sizes"]
+    for shard in old["splits"]["train"]["shards"]:
+        del shard["stats"]["image_sizes"]
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(old))
+    skipped = folder_to_tfrecord.convert(*args, **kwargs)
+    assert skipped == {"train": [], "validation": ["validation-00000-of-00001.tfrecord"]}
+    rewritten = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert rewritten["image_sizes"] == manifest["image_sizes"]
 
 
 def test_rerunning_skips_verified_shards_and_rewrites_damaged_or_stale_ones(tmp_path):
@@ -193,3 +230,15 @@ def test_validation_fraction_is_checked(tmp_path):
     with pytest.raises(ValueError, match=r"--validation_fraction=1.0 is not valid"):
         folder_to_tfrecord.convert(str(tmp_path / "in"), str(tmp_path / "out"), shards=1,
                                    validation_shards=1, validation_fraction=1.0)
+
+
+@pytest.mark.parametrize("tool", ["folder_to_tfrecord", "folder_to_lmdb"])
+def test_help_answers_without_tensorflow(tool):
+    code = ("import runpy, sys\nsys.argv = ['prog', '--help']\n"
+            f"try:\n    runpy.run_module('input_pipelines.tools.{tool}', run_name='__main__')\n"
+            "except SystemExit as exit:\n    assert not exit.code\n"
+            "print('tensorflow' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--input_dir" in proc.stdout and proc.stdout.splitlines()[-1] == "False"

@@ -188,6 +188,8 @@ def test_converter_writes_caffe_layout_with_manifest_and_resumes(tmp_path):
     assert entry["sha256"] == sha256_file(str(out / "train" / "data.mdb"))
     assert (entry["label_min"], entry["label_max"]) == (0, 2)
     assert manifest["pixel_stats"]["3"]["pixels"] == 9 * 20 * 24
+    assert manifest["image_sizes"] == {"images": 9, "height": [20, 20], "width": [24, 24],
+                                       "shorter_side_sum": 9 * 20, "channels": {"3": 9}}
     with lmdb.open(str(out / "train"), readonly=True, lock=False) as env, env.begin() as txn:
         keys = [key.decode() for key, _ in txn.cursor()]
         for key, value in txn.cursor():

@@ -20,8 +20,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import tensorflow as tf
-
 from input_pipelines.core.encode_pool import Accumulator, Encode, EncodePool, available_cores
 from input_pipelines.core.manifest import MANIFEST, read_json, sha256_file
 from input_pipelines.core.report import Progress
@@ -113,6 +111,8 @@ def write_split(out_dir: str, manifest: dict[str, Any], split: str, items: Seque
 def _write_shard(out_dir: str, name: str, items: Sequence[T], inputs: str, encode: Encode[T],
                  new_accumulator: Callable[[], Accumulator] | None,
                  progress: Progress, pool: EncodePool) -> dict[str, Any]:
+    import tensorflow as tf  # here: a converter's --help answers without it
+
     path = os.path.join(out_dir, name)
     tmp = f"{path}.tmp.{os.getpid()}"
     accumulator = new_accumulator() if new_accumulator else None

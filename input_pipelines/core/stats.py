@@ -10,7 +10,9 @@ which the pipelines use to check labels against ``--num_classes`` before trainin
 An image folder (class sub-folders, under ``train/`` or directly in ``DATA_DIR``): every
 training image decoded gives ``pixel_stats`` (per-channel mean and standard deviation in pixel
 units, 0-255, of the images decoded to RGB and to grayscale), what ``--normalization=dataset``
-of the ``image_folder`` dataset uses. ``folder_to_tfrecord`` records the same in its manifest.
+of the ``image_folder`` dataset uses, and ``image_sizes`` (their heights, widths and channels,
+see :mod:`input_pipelines.core.image_sizes`). ``folder_to_tfrecord`` records the same in its
+manifest.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 
 from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import split_files
+from input_pipelines.core.image_sizes import KEY as SIZES_KEY
+from input_pipelines.core.image_sizes import ImageSizes
 from input_pipelines.core.manifest import read_json
 from input_pipelines.core.report import Progress
 from tfscale.tasks import CLASSIFICATION
@@ -70,20 +74,25 @@ class ChannelStats:
 
 class ImageStats:
     """:class:`ChannelStats` of images decoded to RGB and to grayscale (``--input_channels`` 3
-    and 1: decoders convert between them, so each is measured as a pipeline would decode it)."""
+    and 1: decoders convert between them, so each is measured as a pipeline would decode it),
+    and the images' :class:`~input_pipelines.core.image_sizes.ImageSizes`."""
 
     CHANNELS = (3, 1)
 
     def __init__(self) -> None:
         self.by_channels = {c: ChannelStats(c) for c in self.CHANNELS}
+        self.sizes = ImageSizes()
 
     def add(self, encoded: bytes, decoded: np.ndarray | None = None) -> None:
-        """Adds the pixels of the encoded image ``encoded``; ``decoded`` (its pixels in their
-        own channel count, if already at hand) saves decoding it again for that count."""
+        """Adds the pixels and shape of the encoded image ``encoded``; ``decoded`` (its pixels
+        in their own channel count, if already at hand) saves decoding it again."""
         import tensorflow as tf
 
+        if decoded is None:  # in its own channel count: its shape, and one of the statistics
+            decoded = tf.io.decode_image(encoded, expand_animations=False).numpy()
+        self.sizes.add(decoded.shape)
         for channels, stats in self.by_channels.items():
-            if decoded is not None and decoded.shape[-1] == channels:
+            if decoded.shape[-1] == channels:
                 stats.add(decoded)
             else:
                 stats.add(tf.io.decode_image(encoded, channels=channels,
@@ -94,9 +103,11 @@ class ImageStats:
         for channels, stats in self.by_channels.items():
             entry = saved[str(channels)]
             stats.merge(entry["pixels"], np.array(entry["mean"]), np.array(entry["m2"]))
+        self.sizes.merge(saved[SIZES_KEY])
 
     def to_dict(self) -> dict[str, Any]:
-        return {str(c): s.to_dict() for c, s in self.by_channels.items()}
+        return {**{str(c): s.to_dict() for c, s in self.by_channels.items()},
+                SIZES_KEY: self.sizes.to_dict()}
 
     def summary(self) -> dict[str, Any]:
         """The ``pixel_stats`` document: per channel count, pixels, mean and std."""
@@ -328,4 +339,5 @@ def compute_images(data_dir: str, workers: int = 1) -> dict[str, Any]:
             progress.advance(items=1)
     progress.done()
     return {"version": 1, "task": CLASSIFICATION, "classes": folder.classes,
-            "images": len(folder.paths), "pixel_stats": stats.summary()}
+            "images": len(folder.paths), "pixel_stats": stats.summary(),
+            SIZES_KEY: stats.sizes.to_dict()}

@@ -17,7 +17,8 @@ decoded on the way; one that does not decode stops the conversion naming it.
 
 ``manifest.json`` lists each split's ``data.mdb`` (examples, bytes, SHA-256, label range, a
 fingerprint of the inputs), the classes, and the training images' pixel statistics
-(``pixel_stats``, for ``--normalization=dataset``). An environment is written under a temporary
+(``pixel_stats``, for ``--normalization=dataset``) and sizes (``image_sizes``, for the default
+``--image_size`` and ``--input_channels``). An environment is written under a temporary
 name and renamed when complete; re-running skips a split whose environment still matches its
 manifest entry and inputs. Images are decoded and encoded on ``--workers`` processes (default:
 every core) and written in order, with a progress line of images, images/s and the time left;
@@ -37,6 +38,7 @@ import numpy as np
 
 from input_pipelines.core import datum
 from input_pipelines.core.encode_pool import Encode, EncodePool
+from input_pipelines.core.image_sizes import KEY as SIZES_KEY
 from input_pipelines.core.lmdb_env import DATA_FILE, import_lmdb
 from input_pipelines.core.manifest import MANIFEST, sha256_file
 from input_pipelines.core.preprocessing_choice import STATS_KEY
@@ -49,6 +51,7 @@ from input_pipelines.core.shard_writer import (
 )
 from input_pipelines.core.stats import ImageStats
 from input_pipelines.tools.folder_to_tfrecord import (
+    TRAINING_MARKER,
     check_encoding,
     image_parser,
     image_splits,
@@ -177,7 +180,9 @@ def convert(input_dir: str, output_dir: str, encoding: str = "keep", quality: in
     encode = functools.partial(datum_record, encoding=encoding, quality=quality)
     with EncodePool(workers) as pool:
         for split, folder in folders.items():
-            items, identities = shuffled_items(folder, input_dir, seed, f"{encoding}|{quality}")
+            marker = TRAINING_MARKER if split == "train" else ""
+            items, identities = shuffled_items(folder, input_dir, seed,
+                                               f"{encoding}|{quality}{marker}")
             name = f"{split}/{DATA_FILE}"
             inputs = fingerprint(identities)
             entry = manifest["splits"].get(split, {}).get("shards", [None])[0]
@@ -195,6 +200,7 @@ def convert(input_dir: str, output_dir: str, encoding: str = "keep", quality: in
     training = ImageStats()
     training.merge(manifest["splits"]["train"]["shards"][0]["stats"])
     manifest[STATS_KEY] = training.summary()
+    manifest[SIZES_KEY] = training.sizes.to_dict()
     write_json_atomic(os.path.join(output_dir, MANIFEST), manifest)
     return skipped
 

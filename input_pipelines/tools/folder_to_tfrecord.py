@@ -10,7 +10,9 @@ with ``--seed`` and writes balanced shards of ``tf.train.Example`` records (``im
 ``image/filename``) plus ``manifest.json``, for ``--dataset=imagenet``. Every image is decoded
 on the way: one that does not decode stops the conversion naming it. The training images' pixel
 statistics (per-channel mean and standard deviation, 0-255, decoded to RGB and to grayscale) go
-into the manifest's ``pixel_stats`` for ``--normalization=dataset``. ``--encoding=jpeg``
+into the manifest's ``pixel_stats`` for ``--normalization=dataset``, and their sizes and
+channels into its ``image_sizes``, from which training takes its default ``--image_size`` and
+``--input_channels`` (and ``--num_classes`` from its ``classes``). ``--encoding=jpeg``
 (default) keeps JPEG files byte for byte and re-encodes other formats as JPEG;
 ``--encoding=keep`` stores every file's bytes as they are (lossless for PNG). Re-running resumes:
 finished shards whose inputs are unchanged are verified by checksum and skipped. Images are
@@ -27,14 +29,12 @@ import os
 import random
 import sys
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
-import tensorflow as tf
+from typing import TYPE_CHECKING, Any
 
 from input_pipelines.core.class_folders import ImageFolder, check_signature, list_images
 from input_pipelines.core.encode_pool import EncodePool
 from input_pipelines.core.errors import DataError
+from input_pipelines.core.image_sizes import KEY as SIZES_KEY
 from input_pipelines.core.manifest import MANIFEST
 from input_pipelines.core.preprocessing_choice import STATS_KEY
 from input_pipelines.core.report import Progress
@@ -48,10 +48,18 @@ from input_pipelines.core.stats import ImageStats
 from tfscale.files import write_json_atomic
 from tfscale.tasks import CLASSIFICATION
 
+if TYPE_CHECKING:
+    import numpy as np
+    import tensorflow as tf
+
 ENCODINGS = ("jpeg", "keep")
+# In the identity of every training image: what its shard records beside the records.
+TRAINING_MARKER = "|pixel_stats|image_sizes"
 
 
 def _feature(value: bytes | int) -> tf.train.Feature:
+    import tensorflow as tf
+
     if isinstance(value, bytes):
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
@@ -63,6 +71,8 @@ def read_image(path: str) -> tuple[bytes, np.ndarray]:
     Raises:
         DataError: the file is not an image or does not decode (naming ``path``).
     """
+    import tensorflow as tf
+
     check_signature(path)
     with open(path, "rb") as f:
         encoded = f.read()
@@ -81,6 +91,8 @@ def stored_image(path: str, encoding: str, quality: int,
     Raises:
         DataError: the image does not decode (naming ``path``).
     """
+    import tensorflow as tf
+
     encoded, image = read_image(path)
     stored: np.ndarray | None = image  # the pixels the stored bytes decode to
     is_jpeg = bool(tf.io.is_jpeg(encoded))
@@ -102,6 +114,8 @@ def image_example(path: str, label: int, class_name: str, name: str, encoding: s
     Raises:
         DataError: the image does not decode (naming ``path``).
     """
+    import tensorflow as tf
+
     encoded, kind, image = stored_image(path, encoding, quality, stats)
     features = {
         "image/encoded": _feature(encoded), "image/format": _feature(kind.encode()),
@@ -218,9 +232,9 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
     skipped = {}
     with EncodePool(workers) as pool:
         for split, (folder, count) in splits.items():
-            # Training shards carry pixel statistics; the marker makes shards of converters
-            # that did not keep them be rewritten rather than skipped.
-            marker = "|pixel_stats" if split == "train" else ""
+            # Training shards carry pixel statistics and image sizes; the marker makes shards
+            # of converters that did not keep them be rewritten rather than skipped.
+            marker = TRAINING_MARKER if split == "train" else ""
             items, identities = shuffled_items(folder, input_dir, seed,
                                                f"{encoding}|{quality}{marker}")
             encode = functools.partial(encode_image, root=folder.root, classes=folder.classes,
@@ -234,6 +248,7 @@ def convert(input_dir: str, output_dir: str, shards: int, validation_shards: int
     for shard in manifest["splits"]["train"]["shards"]:
         training.merge(shard["stats"])
     manifest[STATS_KEY] = training.summary()
+    manifest[SIZES_KEY] = training.sizes.to_dict()
     write_json_atomic(os.path.join(output_dir, MANIFEST), manifest)
     return skipped
 
