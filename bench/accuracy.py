@@ -83,8 +83,10 @@ def tfscale_run(name: str, data_dir: Path, epochs: int, seed: int) -> dict[str, 
     warmup = max(1, TRAIN_EXAMPLES // (batch * replicas))  # one epoch
     flags = [
         "--model=resnet50_tiny", "--dataset=imagenet", f"--data_dir={data_dir}",
-        "--image_size=32", "--num_classes=10", f"--epochs={epochs}", "--steps=0",
-        f"--batch_size={batch}", f"--learning_rate={BASE_LR}", "--lr_schedule=cosine",
+        # Three channels, as the plain Keras run decodes the grey digits (the default would
+        # now take the data's one).
+        "--image_size=32", "--num_classes=10", "--input_channels=3", f"--epochs={epochs}",
+        "--steps=0", f"--batch_size={batch}", f"--learning_rate={BASE_LR}", "--lr_schedule=cosine",
         f"--warmup_steps={warmup}", "--log_every=1000", f"--seed={seed}", *strategy, *extra,
     ]
     results = train(flags, timeout=3600)

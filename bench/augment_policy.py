@@ -61,7 +61,10 @@ def tfscale_run(data_dir: Path, classes: int, strategy: str, augment: str, epoch
     flags, batch = STRATEGIES[strategy]
     results = train([
         "--model=resnet50_tiny", "--dataset=imagenet", f"--data_dir={data_dir}",
-        "--image_size=32", f"--num_classes={classes}", f"--epochs={epochs}", "--steps=0",
+        # Three channels, as the recorded runs decoded the grey images (the default would now
+        # take the data's one).
+        "--image_size=32", f"--num_classes={classes}", "--input_channels=3", f"--epochs={epochs}",
+        "--steps=0",
         f"--batch_size={batch}", f"--learning_rate={BASE_LR}", "--lr_schedule=cosine",
         f"--warmup_steps={WARMUP_STEPS}", "--log_every=1000", f"--seed={seed}",
         f"--augment={augment}", *(["--horizontal_flip=off"] if augment == "small" else []),

@@ -4,6 +4,7 @@ Importing the package imports no dataset module (nor TensorFlow): a pipeline's m
 imported when its builder is fetched from :data:`PIPELINES`.
 """
 
+from input_pipelines.core.data_shape import shapes_from_data
 from input_pipelines.core.recognize import has_validation_split
 from input_pipelines.registry import (
     PIPELINES,
@@ -17,4 +18,4 @@ from input_pipelines.registry import (
 )
 
 __all__ = ["PIPELINES", "Batches", "Shard", "declare", "has_validation_split", "reads_data_dir",
-           "recognize", "register", "task_of"]
+           "recognize", "register", "shapes_from_data", "task_of"]

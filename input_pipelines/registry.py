@@ -26,14 +26,17 @@ task=...)``, optionally with ``recognize=`` (a function, or ``"module:function"`
 ``--data_dir`` and returning a few words on what it found there, or None when that is not this
 dataset's data: how the dataset is chosen when ``--dataset`` is left out, see :func:`recognize`),
 ``reads_data_dir=False`` for data generated without files (a ``--data_dir`` is then an
-error), ``options=`` (its own flags: :class:`tfscale.options.Option` declarations, or
-``"module:attribute"`` naming them; refused with another ``--dataset``), and ``inference=``
-(a function, or ``"module:function"``, taking the config and returning an
-:class:`input_pipelines.core.inference.Inference`: how evaluation turns a raw image into the
-model's input, which the trainer puts in front of the exported model). The
-built-in ones are declared at the end of this module by name, builder (``"module:function"``),
-description and task (:mod:`tfscale.tasks`); a dataset's module is imported when its builder
-is fetched.
+error), ``shape=`` (a function, or ``"module:function"``, taking the ``--data_dir`` and
+returning the classes and image sizes its files record, or None: where the defaults of
+``--num_classes``, ``--image_size`` and ``--input_channels`` come from, see
+:mod:`input_pipelines.core.data_shape`), ``options=`` (its own flags:
+:class:`tfscale.options.Option` declarations, or ``"module:attribute"`` naming them; refused
+with another ``--dataset``), and ``inference=`` (a function, or ``"module:function"``, taking
+the config and returning an :class:`input_pipelines.core.inference.Inference`: how evaluation
+turns a raw image into the model's input, which the trainer puts in front of the exported
+model). The built-in ones are declared at the end of this module by name, builder
+(``"module:function"``), description and task (:mod:`tfscale.tasks`); a dataset's module is
+imported when its builder is fetched.
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ import dataclasses
 import importlib
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfscale import options
-from tfscale.registry import Entry, TaskRegistry
+from tfscale.registry import TaskRegistry
 from tfscale.shard import Shard  # re-exported: pipelines take it, strategies make it
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
@@ -89,8 +92,10 @@ def reads_data_dir(name: str) -> bool:
     return bool(PIPELINES.entry(name).meta.get("reads_data_dir", True))
 
 
-def _recognizer(entry: Entry[PipelineBuilder]) -> Recognizer | None:
-    found = entry.meta.get("recognize")
+def hook(name: str, key: str) -> Callable[..., Any] | None:
+    """The function that dataset ``name``'s entry names under ``key`` (``recognize``,
+    ``shape``, ``inference``), imported when given as ``"module:function"``; None if none."""
+    found = PIPELINES.entry(name).meta.get(key)
     if isinstance(found, str):
         module, _, attribute = found.partition(":")
         found = getattr(importlib.import_module(module), attribute)
@@ -114,7 +119,7 @@ def recognize(data_dir: str, task: str) -> tuple[str, str]:
     entries = [e for e in PIPELINES if e.meta["task"] == task and reads_data_dir(e.name)]
     found: dict[str, str] = {}
     for entry in entries:
-        recognizer = _recognizer(entry)
+        recognizer = hook(entry.name, "recognize")
         what = recognizer(data_dir) if recognizer is not None else None
         if what:
             found[entry.name] = what
@@ -130,19 +135,23 @@ def recognize(data_dir: str, task: str) -> tuple[str, str]:
 
 
 # One module per dataset under input_pipelines/datasets/, each with a ``build`` function.
+SHAPES = "input_pipelines.core.data_shape"
 declare("image_folder", "input_pipelines.datasets.image_folder:build",
         "classification from folders of images, one sub-folder per class", CLASSIFICATION,
         recognize="input_pipelines.core.recognize:image_folder",
+        shape=f"{SHAPES}:from_class_folders", options=f"{SHAPES}:OPTIONS",
         inference="input_pipelines.core.inference:image_folders")
 declare("imagenet", "input_pipelines.datasets.imagenet:build",
         "ImageNet-style JPEG classification from TFRecord shards "
         "(image/encoded, image/class/label)", CLASSIFICATION,
         recognize="input_pipelines.core.recognize:imagenet",
+        shape=f"{SHAPES}:from_manifest", options=f"{SHAPES}:OPTIONS",
         inference="input_pipelines.core.inference:images")
 declare("lmdb", "input_pipelines.datasets.lmdb:build",
         "classification from LMDB environments of Caffe Datum records (encoded or raw "
         "images), e.g. convert_imageset's or folder_to_lmdb's", CLASSIFICATION,
         recognize="input_pipelines.core.lmdb_env:recognize",
+        shape=f"{SHAPES}:from_manifest", options=f"{SHAPES}:OPTIONS",
         inference="input_pipelines.core.inference:images")
 declare("segmentation_h5", "input_pipelines.datasets.segmentation_h5:build",
         "segmentation from HDF5 files (data HxWxC float, labels HxW int), "

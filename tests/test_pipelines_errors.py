@@ -187,7 +187,7 @@ def test_the_trainer_reports_bad_data_in_one_line(tmp_path):
     with tf.io.TFRecordWriter(str(tmp_path / "labels-00000")) as writer:
         writer.write(labeled_example(tf.io.encode_jpeg(image(0)).numpy(), 4))
     write_image_folder(tmp_path / "folder", classes=5, per_class=1, splits=("train",))
-    write_image_folder(tmp_path / "broken", classes=2, per_class=2, splits=("train",))
+    write_image_folder(tmp_path / "broken", classes=4, per_class=2, splits=("train",))
     (tmp_path / "broken" / "train" / "c0" / "i1.png").write_bytes(b"GIF89a...")
     climate(tmp_path / "climate", ["train/a.h5", "train/b.h5"])
     stats.main(["--data_dir", str(tmp_path / "climate")])
@@ -203,7 +203,9 @@ def test_the_trainer_reports_bad_data_in_one_line(tmp_path):
         (["--dataset=imagenet", f"--data_dir={tmp_path}/labels-00000"],
          f"{tmp_path}/labels-00000: record 0: label 4 is outside [0, 4)"),
         (["--dataset=image_folder", f"--data_dir={tmp_path}/folder"],
-         f"{tmp_path}/folder/train has 5 class folders but --num_classes=4"),
+         "--num_classes=4 contradicts the data, which has 5 classes (c0, c1, c2, c3, c4) "
+         f"according to the class folders in {tmp_path}/folder/train: label 4 would be out of "
+         "range"),
         (["--dataset=image_folder", f"--data_dir={tmp_path}/broken"],
          f"{tmp_path}/broken/train/c0/i1.png: cannot decode the image"),
         ([*tiramisu, f"--data_dir={tmp_path}/climate"],

@@ -248,3 +248,22 @@ def test_preview_writes_a_png_grid_of_training_and_evaluation_images(tmp_path, c
     assert preview.class_labels(np.array([1, 0, 7]), ["cat", "dog"]) == ["1: dog", "0: cat", "7"]
     assert preview.class_labels(np.array([2]), ["0", "1", "2"]) == ["2"]
     assert preview.main(["preview", "--dataset=synthetic_segmentation", f"--out={out}"]) == 2
+
+
+def test_preview_takes_the_dataset_and_shapes_from_the_data(tmp_path, capsys):
+    write_folder(tmp_path, {f"{split}/c{k}/i": random_image(k, 20, 20)
+                            for split in ("train", "validation") for k in range(3)})
+    out = tmp_path / "grid.png"
+    assert preview.main(["preview", f"--data_dir={tmp_path}", f"--out={out}", "--rows=1",
+                         "--columns=3"]) == 0
+    printed = capsys.readouterr()
+    assert "using --dataset=image_folder" in printed.err
+    assert "--image_size=20 (its training images are 20x20), --num_classes=3" in printed.out
+    assert (f"wrote {out}: TRAIN (training images as the model gets them, not augmented: "
+            "--augment=none) above EVAL") in printed.out
+    tile = 80  # 20 px enlarged 4x
+    assert tf.io.decode_png(out.read_bytes()).shape[1] == 3 * tile + 4 * preview.GAP
+    assert preview.main(["preview", f"--data_dir={tmp_path}", f"--out={out}", "--rows=1",
+                         "--columns=1", "--image_size=64", "--augment=small"]) == 0
+    assert ("TRAIN (training images augmented by --augment=small with random flips)"
+            in capsys.readouterr().out)

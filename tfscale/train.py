@@ -34,6 +34,7 @@ from tfscale import command  # noqa: E402
 # own models/ or launch/ package, first on sys.path.
 command.own_top_level_packages()
 
+import input_pipelines  # noqa: E402
 from tfscale import cluster_env, config_change, output, plugins, preemption, rank_zero  # noqa: E402
 from tfscale.errors import (  # noqa: E402
     EXIT_PEER_LOST,
@@ -61,7 +62,7 @@ def main(argv: list[str]) -> int:
     # Building the config may print (what the data holds); the run's folder is known after.
     output.hold_when_reader_leaves("tfscale.train")
     try:
-        config = config_from_flags(FLAGS, plugins.choose_dataset)
+        config = config_from_flags(FLAGS, plugins.choose_dataset, input_pipelines.shapes_from_data)
         output.divert_when_reader_leaves(Path(config.model_dir) / LOG, "tfscale.train")
         plugins.validate_names(config)
         plugins.check_launcher(config)

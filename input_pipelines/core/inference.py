@@ -20,19 +20,17 @@ from, and no export.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from collections.abc import Callable
 
 import tensorflow as tf
 
 from input_pipelines.core.class_folders import class_names, split_folder
-from input_pipelines.core.files import data_root
 from input_pipelines.core.image_preprocessing import eval_pixels, per_channel_affine
-from input_pipelines.core.manifest import MANIFEST, read_json
+from input_pipelines.core.manifest import beside
 from input_pipelines.core.preprocessing_choice import preprocessing_for
 from input_pipelines.core.segmentation import required_stats, stats_affine
-from input_pipelines.registry import PIPELINES
+from input_pipelines.registry import hook
 from tfscale.config import TrainConfig
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
@@ -53,28 +51,21 @@ class Inference:
 
 def for_run(config: TrainConfig) -> Inference | None:
     """The inference preprocessing ``config.dataset`` declares, or None when it declares none."""
-    hook = PIPELINES.entry(config.dataset).meta.get("inference")
-    if hook is None:
+    make = hook(config.dataset, "inference")
+    if make is None:
         return None
-    if isinstance(hook, str):
-        module, _, attribute = hook.partition(":")
-        hook = getattr(importlib.import_module(module), attribute)
-    inference: Inference = hook(config)
+    inference: Inference = make(config)
     return inference
 
 
 def manifest_classes(data_dir: str) -> tuple[list[str] | None, str]:
     """The class names of the converter's manifest beside ``data_dir`` (in its folder or the
     one above) and the manifest's path, or ``(None, "")``."""
-    root = data_root(data_dir)
-    for folder in (root, os.path.dirname(os.path.abspath(root))):
-        path = os.path.join(folder, MANIFEST)
-        if os.path.isfile(path):
-            document = read_json(path)
-            names = document.get("classes") if isinstance(document, dict) else None
-            if names:
-                return [str(n) for n in names], path
-    return None, ""
+    found = beside(data_dir)
+    if found is None or not found[1].get("classes"):
+        return None, ""
+    path, document = found
+    return [str(n) for n in document["classes"]], path
 
 
 def _images(config: TrainConfig, classes: list[str] | None, where: str) -> Inference:

@@ -2,8 +2,10 @@
 
 ``manifest.json`` records, per split, each shard's file name (relative to the manifest), number
 of examples, size, SHA-256 and label range, plus the classes (classification) or sample shapes
-(segmentation). Readers use it to count examples without reading, to check labels against
-``--num_classes`` before training, and to verify staged copies.
+(segmentation), and for images the training split's pixel statistics (``pixel_stats``) and
+sizes (``image_sizes``). Readers use it to count examples without reading, to check labels
+against ``--num_classes`` before training, to verify staged copies, and to default
+``--num_classes``, ``--image_size`` and ``--input_channels``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from input_pipelines.core.errors import DataError
+from input_pipelines.core.files import data_root
 
 MANIFEST = "manifest.json"
 CHUNK = 4 * 2**20
@@ -55,6 +58,23 @@ def find_manifest(files: Sequence[str]) -> tuple[str, dict[str, Any]] | None:
             if not isinstance(manifest, dict) or "splits" not in manifest:
                 raise DataError(f"{path} is not a tfscale manifest (it has no 'splits')")
             return directory, manifest
+    return None
+
+
+def beside(data_dir: str) -> tuple[str, dict[str, Any]] | None:
+    """The path and contents of the manifest describing ``data_dir`` (a directory, a file or a
+    glob): in its folder or the one above (for ``SPLIT/`` sub-folders); ``None`` if absent.
+
+    Raises:
+        DataError: naming the file when it is not valid JSON.
+    """
+    root = data_root(data_dir)
+    for folder in (root, os.path.dirname(os.path.abspath(root))):
+        path = os.path.join(folder, MANIFEST)
+        if os.path.isfile(path):
+            document = read_json(path)
+            if isinstance(document, dict):
+                return path, document
     return None
 
 

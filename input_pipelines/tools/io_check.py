@@ -406,9 +406,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         if parse_tool_flags(values, argv, __doc__):
             return 0
+        from input_pipelines import shapes_from_data
         from tfscale.plugins import choose_dataset
 
-        config = config_from_flags(values, choose_dataset)
+        config = config_from_flags(values, choose_dataset, shapes_from_data)
         result = io_check(config, values.workers, values.seconds, values.model_images_per_sec,
                      values.model_steps)
     except (ValueError, flags.Error) as err:

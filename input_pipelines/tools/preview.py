@@ -1,14 +1,16 @@
 """Look at what a classification run will train and evaluate on: a PNG grid of images.
 
-    python -m input_pipelines.tools.preview --dataset=imagenet --data_dir=/data/digits-tfr \\
-        --image_size=32 --num_classes=10 --out=grid.png [--rows=4 --columns=8] [any train flag]
+    python -m input_pipelines.tools.preview --data_dir=/data/digits-tfr --out=grid.png \\
+        [--rows=4 --columns=8] [any train flag]
 
 Builds the ``train`` and ``validation`` pipelines exactly as ``python -m tfscale.train`` would
-with the same flags (every training flag works: ``--augment``, ``--horizontal_flip``,
-``--eval_crop_fraction``, ``--normalization``, ``--input_channels``, ...), takes
-``rows x columns`` images of each, undoes the normalization for display, and writes one PNG: a
-section marked TRAIN (augmented training images; a small dataset repeats, so the same image
-appears in several epochs' variants) above a section marked EVAL. Each tile is labelled with its
+with the same flags (every training flag works: ``--dataset``, chosen from what ``--data_dir``
+holds when left out; ``--image_size``, ``--num_classes`` and ``--input_channels``, taken from
+the data when left out; ``--augment``, ``--horizontal_flip``, ``--eval_crop_fraction``,
+``--normalization``, ...), takes ``rows x columns`` images of each, undoes the normalization for
+display, and writes one PNG: a section marked TRAIN (training images as augmented, if they are;
+a small dataset repeats, so the same image appears in several epochs' variants) above a section
+marked EVAL. Each tile is labelled with its
 class: the index and, where the data records them (the converter's manifest, the class folders),
 the name. Prints the resolved preprocessing (on stderr, as training does) and the path
 written.
@@ -170,14 +172,25 @@ def main(argv: Sequence[str]) -> int:
     try:
         if parse_tool_flags(values, argv, __doc__):
             return 0
-        config = config_from_flags(values)
-        preview(config, values.out, values.rows, values.columns)
+        from input_pipelines import shapes_from_data
+        from tfscale.plugins import choose_dataset
+
+        config = config_from_flags(values, choose_dataset, shapes_from_data)
+        preprocessing = preview(config, values.out, values.rows, values.columns)
     except (ValueError, flags.Error) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {values.out}: TRAIN (augmented training images) above EVAL, "
+    print(f"wrote {values.out}: TRAIN ({training_images(preprocessing)}) above EVAL, "
           f"{values.rows} x {values.columns} each, labelled with their class")
     return 0
+
+
+def training_images(preprocessing: Preprocessing) -> str:
+    """What the TRAIN section shows, in words: augmented how, or not at all."""
+    if preprocessing.augment == "none" and not preprocessing.flip:
+        return "training images as the model gets them, not augmented: --augment=none"
+    flips = " with random flips" if preprocessing.flip else ""
+    return f"training images augmented by --augment={preprocessing.augment}{flips}"
 
 
 if __name__ == "__main__":
