@@ -153,6 +153,22 @@ def test_two_workers_read_each_record_once(tmp_path, record_sharding):
     assert sorted(seen) == list(range(5 * files))
 
 
+def test_class_folders_without_validation_say_once_that_the_run_does_not_evaluate(
+        tmp_path, capsys):
+    write_image_folder(tmp_path / "flat", classes=2, per_class=2, splits=("",))
+    for _ in range(2):  # the trainer builds the training pipeline more than once
+        first_batches("image_folder", tmp_path / "flat", "train", 1, batch_size=2)
+    err = capsys.readouterr().err
+    assert err.count(f"--data_dir={tmp_path / 'flat'} has no validation/ folder: this run "
+                     "trains without evaluation") == 1
+    write_image_folder(tmp_path / "split", classes=2, per_class=2)
+    first_batches("image_folder", tmp_path / "split", "train", 1, batch_size=2)
+    write_image_folder(tmp_path / "other", classes=2, per_class=2, splits=("",))
+    first_batches("image_folder", tmp_path / "other", "train", 1, batch_size=2,
+                  shard=SHARDS_2[1])  # the first worker says it
+    assert "without evaluation" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("record_sharding", [False, True])
 def test_image_folder_two_workers_split_the_images(tmp_path, record_sharding):
     written = write_image_folder(tmp_path, classes=2, per_class=3)

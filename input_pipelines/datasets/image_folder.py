@@ -7,7 +7,8 @@ images look like images (their first bytes), and, when they total at most
 naming the file, or is skipped and reported with ``--skip_corrupt``. Preprocessing is that of the
 ``imagenet`` dataset (:mod:`input_pipelines.core.image_preprocessing`); pixel statistics for
 ``--normalization=dataset`` come from ``DATA_DIR/stats.json`` (``python -m
-input_pipelines.tools.stats --data_dir DATA_DIR``).
+input_pipelines.tools.stats --data_dir DATA_DIR``). Without a ``validation/`` folder the run
+has nothing to evaluate on, and the first worker says so.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from input_pipelines.core.image_preprocessing import (
     run_preprocessing,
     validate_channels,
 )
+from input_pipelines.core.recognize import has_validation_split
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Batches, Shard
 from tfscale.config import TrainConfig
@@ -84,9 +86,28 @@ def _worker_images(config: TrainConfig, shard: Shard,
     return paths, [label_of[s] for s in sources], sources
 
 
+_noted: set[str] = set()
+
+
+def note_no_evaluation(config: TrainConfig, shard: Shard) -> None:
+    """Says, once per process and on the first worker, that class folders without a
+    ``validation/`` folder give a run without evaluation (nothing else would say so)."""
+    if (shard.index or config.validation_steps or config.data_dir in _noted
+            or has_validation_split(config.data_dir)):
+        return
+    _noted.add(config.data_dir)
+    report.note(shard, f"--data_dir={config.data_dir} has no validation/ folder: this run "
+                "trains without evaluation (to evaluate, move the class folders into "
+                f"{os.path.join(config.data_dir, 'train')}/ and held-out images into "
+                f"{os.path.join(config.data_dir, 'validation')}/CLASS/, or convert with python "
+                "-m input_pipelines.tools.folder_to_tfrecord --validation_fraction=0.2)")
+
+
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``image_folder`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "image_folder")
+    if split == "train":
+        note_no_evaluation(config, shard)
     paths, labels, _ = _worker_images(config, shard, split)
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(paths, tf.constant(labels, tf.int64)), -1)
