@@ -4,6 +4,7 @@ errors, the CLI's JSON rows, and --calibrate writing a machine file. No timing i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -194,9 +195,13 @@ def test_accuracy_table_interpolates_and_rejects_bad_rows(tmp_path: Path) -> Non
     table = accuracy.load_table()
     middle = table.at(16384)
     assert middle.top1 == pytest.approx((0.763 + 0.749) / 2)
-    assert middle.optimizer == "LARS" and not middle.extrapolated
-    assert table.at(4096).optimizer.startswith("SGD") and table.at(65536).extrapolated
+    assert middle.optimizer == "LARS" and table.unknown(16384) == ""
+    assert table.at(4096).optimizer.startswith("SGD")
     assert table.minutes(8192, 1281167 / 60) == pytest.approx(90)
+    # Outside the published rows nothing is known: no number, and a reason in words.
+    for batch, side in ((65536, "above 32,768, its largest"), (128, "below 256, its smallest")):
+        assert table.at(batch) is None and table.minutes(batch, 1e6) is None
+        assert f"no published run at a global batch {side}" in table.unknown(batch)
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"model": "m", "train_images": 10,
                                 "rows": [{"global_batch": 8, "epochs": 0, "top1": 0.5,
@@ -225,6 +230,24 @@ def test_cli_writes_json_rows_and_a_plot_without_tensorflow(tmp_path: Path) -> N
         assert isinstance(row["recommended"], str) and "fusion" in row["recommended"]
     assert rows[1]["error"] == pytest.approx(rows[1]["images_per_sec"] / 41746 - 1)
     assert png.stat().st_size > 10_000
+    assert f"plot: {png}" in proc.stdout
+    # 1024 nodes x 6 GPUs x 256 is far beyond the table's largest batch: no accuracy, said why.
+    assert rows[1]["expected_top1"] == pytest.approx(0.759, abs=1e-3)
+    assert rows[2]["global_batch"] == 1572864
+    assert rows[2]["expected_top1"] is None and rows[2]["time_to_accuracy_min"] is None
+    assert "above 32,768" in rows[2]["accuracy_unknown"]
+    last = next(line for line in proc.stdout.splitlines() if line.lstrip().startswith("1024 "))
+    assert "0.749" not in last and "*" not in last
+    assert ("no accuracy or time to accuracy at global batch 1,572,864: the accuracy table "
+            "(accuracy_resnet50_imagenet.json) has no published run") in proc.stdout
+
+
+def test_cli_draws_no_plot_unless_asked(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tfscale.forecast", "--machine=summit",
+                           "--nodes=1,8"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == [] and "plot" not in proc.stdout
 
 
 def test_cli_usage_errors(tmp_path: Path) -> None:

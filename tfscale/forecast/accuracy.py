@@ -3,9 +3,10 @@
 The rule the default table encodes (ResNet-50 on ImageNet): up to about 8K images per step the
 linear scaling rule with a gradual warmup keeps the small-batch accuracy in the same 90 epochs
 (Goyal et al. 2017); beyond that LARS (You et al. 2017) is needed, and the larger batch costs
-epochs or accuracy. Between rows, epochs and top-1 are interpolated in log2 of the batch; past
-the last row the last row's epochs hold (an extrapolation, and the report says so). A user's
-own table (``--accuracy_table FILE``) replaces the default one::
+epochs or accuracy. Between rows, epochs and top-1 are interpolated in log2 of the batch;
+outside the rows nothing is known (no published run), and :meth:`AccuracyTable.unknown` says
+so in words instead of a guess. A user's own table (``--accuracy_table FILE``) replaces the
+default one::
 
     {"model": "resnet50", "dataset": "imagenet", "train_images": 1281167, "lars_above": 8192,
      "rows": [{"global_batch": 8192, "epochs": 90, "top1": 0.763, "source": "..."}, ...]}
@@ -30,7 +31,6 @@ class Epochs:
     epochs: float
     top1: float
     optimizer: str  # the rule in force: linear scaling + warmup, or LARS
-    extrapolated: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,24 +43,36 @@ class AccuracyTable:
     rows: tuple[tuple[int, float, float], ...]  # (global batch, epochs, top-1), by batch
     path: Path
 
-    def at(self, global_batch: int) -> Epochs:
-        """Epochs and expected top-1 at ``global_batch`` (log2 interpolation between rows)."""
+    def unknown(self, global_batch: int) -> str:
+        """Why the table knows no accuracy at ``global_batch``, in words; "" when it does."""
+        low, high = self.rows[0][0], self.rows[-1][0]
+        if low <= global_batch <= high:
+            return ""
+        side = (f"above {high:,}, its largest" if global_batch > high
+                else f"below {low:,}, its smallest")
+        return (f"the accuracy table ({self.path.name}) has no published run at a global batch "
+                f"{side}, so neither the epochs nor the accuracy there are known")
+
+    def at(self, global_batch: int) -> Epochs | None:
+        """Epochs and expected top-1 at ``global_batch`` (log2 interpolation between rows);
+        None outside the rows (see :meth:`unknown`)."""
         optimizer = "LARS" if global_batch > self.lars_above else "SGD, linear scaling + warmup"
         rows = self.rows
-        if global_batch <= rows[0][0] or global_batch >= rows[-1][0]:
-            batch, epochs, top1 = rows[0] if global_batch <= rows[0][0] else rows[-1]
-            return Epochs(global_batch, epochs, top1, optimizer,
-                          global_batch > rows[-1][0] or global_batch < rows[0][0])
+        if self.unknown(global_batch):
+            return None
         for (b0, e0, a0), (b1, e1, a1) in zip(rows, rows[1:], strict=False):
             if b0 <= global_batch <= b1:
                 t = math.log2(global_batch / b0) / math.log2(b1 / b0)
-                return Epochs(global_batch, e0 + t * (e1 - e0), a0 + t * (a1 - a0), optimizer,
-                              False)
-        raise AssertionError("unreachable: rows are sorted")
+                return Epochs(global_batch, e0 + t * (e1 - e0), a0 + t * (a1 - a0), optimizer)
+        return Epochs(global_batch, rows[0][1], rows[0][2], optimizer)  # a one-row table
 
-    def minutes(self, global_batch: int, images_per_sec: float) -> float:
-        """Training minutes to the table's accuracy at a forecast throughput."""
-        return self.at(global_batch).epochs * self.train_images / images_per_sec / 60.0
+    def minutes(self, global_batch: int, images_per_sec: float) -> float | None:
+        """Training minutes to the table's accuracy at a forecast throughput; None where the
+        accuracy is not known."""
+        need = self.at(global_batch)
+        if need is None:
+            return None
+        return need.epochs * self.train_images / images_per_sec / 60.0
 
 
 def load_table(path: str | Path = DEFAULT_TABLE) -> AccuracyTable:

@@ -45,8 +45,8 @@ _FP16 = flags.DEFINE_enum("fp16_allreduce", "auto", ("auto", "on", "off"),
 _FUSION = flags.DEFINE_float("fusion_mb", 0, "Pin the fusion buffer in MB (0: recommend).")
 _CYCLE = flags.DEFINE_float("cycle_time_ms", 0, "Pin the cycle time in ms (0: recommend).")
 _JSON = flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
-_PLOT = flags.DEFINE_string("plot", "", "PNG path (empty: forecast_<machine>.png; none: no "
-                            "plot).")
+_PLOT = flags.DEFINE_string("plot", "", "Draw images/s and efficiency into this PNG file "
+                            "(empty or none: no plot).")
 _TABLE = flags.DEFINE_string("accuracy_table", str(accuracy.DEFAULT_TABLE),
                              "Epochs-per-global-batch table for time to accuracy (none: "
                              "leave it out).")
@@ -129,10 +129,15 @@ def _table(rows: list[Row], table: accuracy.AccuracyTable | None,
         if table:
             need = table.at(r.global_batch)
             minutes = table.minutes(r.global_batch, r.images_per_sec)
-            record.update(epochs=need.epochs, expected_top1=need.top1, optimizer=need.optimizer,
-                          time_to_accuracy_min=minutes, extrapolated=need.extrapolated)
-            mark = "*" if need.extrapolated else " "
-            line += f" {need.epochs:>6.1f} {need.top1:>5.3f} {minutes:>7.1f}{mark}"
+            if need is None or minutes is None:
+                record.update(epochs=None, expected_top1=None, optimizer=None,
+                              time_to_accuracy_min=None,
+                              accuracy_unknown=table.unknown(r.global_batch))
+                line += f" {'-':>6} {'-':>5} {'-':>8}"
+            else:
+                record.update(epochs=need.epochs, expected_top1=need.top1,
+                              optimizer=need.optimizer, time_to_accuracy_min=minutes)
+                line += f" {need.epochs:>6.1f} {need.top1:>5.3f} {minutes:>8.1f}"
         if measured:
             seen = measured.get(r.nodes)
             record.update(measured_images_per_sec=seen, error=None)
@@ -158,21 +163,25 @@ def run_forecast() -> int:
     print(f"== forecast: {_MODEL.value} on {machine.name} ({machine.path}), {precision}, "
           f"{rows[0].ranks // rows[0].nodes} ranks per node ==")
     print(text)
-    if table is not None and table_fits and any(r.get("extrapolated") for r in records):
-        print(f"* global batch outside the accuracy table's rows ({table.rows[0][0]} to "
-              f"{table.rows[-1][0]}): no published epochs there; the nearest row's are used")
+    unknown: dict[str, list[str]] = {}
+    for record in records:
+        if record.get("accuracy_unknown"):
+            unknown.setdefault(record["accuracy_unknown"], []).append(
+                f"{record['global_batch']:,}")
+    for why, batches in unknown.items():
+        print(f"no accuracy or time to accuracy at global batch {' and '.join(batches)}: {why}")
     if table is not None and not table_fits:
         print(f"(no time to accuracy: {table.path} is for {table.model!r})")
     if _JSON.value:
         write_json_atomic(_JSON.value, records)
-    if _PLOT.value != "none":
+    if _PLOT.value not in ("", "none"):
         from tfscale.forecast.plot import write_png
 
-        path = write_png(rows, _PLOT.value or f"forecast_{machine.name}.png",
+        path = write_png(rows, _PLOT.value,
                          f"{_MODEL.value} on {machine.name}: batch "
                          + (f"{_GLOBAL.value} global" if _GLOBAL.value else
                             f"{_BATCH.value} per rank") + f", {precision}", measured)
-        print(f"plot: {path}")
+        print(f"plot: {path.resolve()}")
     return 0
 
 
