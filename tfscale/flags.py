@@ -34,9 +34,13 @@ HELP: dict[str, str] = {
     "steps": "Total optimizer steps (0 = epochs x one pass over a finite dataset). Not given: "
     "0 with --data_dir (--epochs passes over the files), else 100.",
     "epochs": "Number of epochs the steps are divided into (logs, metrics, checkpoints).",
-    "image_size": "Height and width of input images.",
-    "input_channels": "Channels of the input (3 for RGB, 16 for climate data).",
-    "num_classes": "Number of classes.",
+    "image_size": "Height and width of input images. Not given with a --data_dir of images: "
+    "their mean shorter side as the converter's manifest.json or the class folders record it, "
+    "at most 224 (see docs/INPUT_PIPELINES.md).",
+    "input_channels": "Channels of the input (3 for RGB, 16 for climate data). Not given with a "
+    "--data_dir of images: 1 when every image is grey, else 3.",
+    "num_classes": "Number of classes. Not given with a --data_dir of images: the number of "
+    "classes the data records.",
     "data_dir": "Directory or glob of the dataset's files.",
     "validation_steps": "Evaluate on at most N validation batches per worker (needed for "
     "synthetic data); 0 = the whole validation split when --data_dir has one, else no "
