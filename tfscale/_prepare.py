@@ -127,11 +127,6 @@ def _current(**options: Any) -> Strategy:
     return _session.strategy if _session is not None else setup(**options)
 
 
-def current_strategy() -> Strategy | None:
-    """The strategy :func:`setup` started in this process, or None."""
-    return _session.strategy if _session is not None else None
-
-
 def _close() -> None:
     global _session
     if _session is not None:

@@ -79,11 +79,17 @@ class Report:
         return text
 
 
+def batch_norm_layers(model: keras.Layer) -> list[keras.layers.BatchNormalization]:
+    """Every batch-norm layer of ``model``, those of nested models and layers included."""
+    import keras
+
+    return [layer for layer in model._flatten_layers()
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
 def tracked_layers(model: keras.Layer) -> list[keras.layers.BatchNormalization]:
     """The batch-norm layers of ``model`` (nested ones too) that normalize training batches
     with batch statistics: built and trainable."""
-    from tfscale.sync_bn import batch_norm_layers
-
     return [layer for layer in batch_norm_layers(model)
             if layer.built and layer.trainable and layer.moving_mean is not None]
 
@@ -381,6 +387,6 @@ def repeat_batches(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
             return
 
 
-__all__: Sequence[str] = ("DEFAULT_IMAGES", "MODES", "Recomputer", "Report", "Statistics", "agree",
-                          "batches_per_replica", "repeat_batches", "resolve_mode",
-                          "tracked_layers")
+__all__: Sequence[str] = ("DEFAULT_IMAGES", "MODES", "Recomputer", "Report", "Statistics",
+                          "agree", "batch_norm_layers", "batches_per_replica", "repeat_batches",
+                          "resolve_mode", "tracked_layers")

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tfscale import rank_zero
+from tfscale.bn_statistics import batch_norm_layers
 from tfscale.strategies.base import replica_groups
 
 if TYPE_CHECKING:
@@ -47,14 +48,6 @@ if TYPE_CHECKING:
     from tfscale.strategies.base import Strategy
 
 GroupSum = Callable[["tf.Tensor"], "tf.Tensor"]
-
-
-def batch_norm_layers(model: keras.Layer) -> list[keras.layers.BatchNormalization]:
-    """Every batch-norm layer of ``model``, those of nested models and layers included."""
-    import keras
-
-    return [layer for layer in model._flatten_layers()
-            if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 def synchronize_batch_norm(model: keras.Layer, group_sum: GroupSum) -> int:

@@ -39,10 +39,10 @@ class BatchNormStatistics(keras.callbacks.Callback):
             iterated again, or a function returning a new iterator. Every recomputation reads
             the first batches again. None: ``ema`` (the moving averages, pooled over workers).
         images: images per recomputation, all workers together (Wu & Johnson: 10^3-10^4).
-        comm: collectives over the workers. Default: ``tfscale.setup()``'s strategy when it
-            was set up; else the ``tf.distribute`` strategy the model was built under, when it
-            has several replicas; else Horovod's, when Horovod is running; else none (one
-            process).
+        comm: collectives over the workers (``tfscale.prepare`` passes its strategy; so can
+            a script that calls ``tfscale.setup()``). Default: the ``tf.distribute`` strategy
+            the model was built under, when it has several replicas; else Horovod's, when
+            Horovod is running; else none (one process).
         per_replica_batch: examples each replica normalizes together in training; 0: a batch
             of ``data`` divided by this process's replicas and by ``micro_batches``.
         micro_batches: with gradient accumulation, the micro-batches a batch of ``data`` is
@@ -111,13 +111,8 @@ def _collectives(comm: Collectives | None, tf_strategy: Any
                  ) -> tuple[int, Callable[[np.ndarray], np.ndarray]]:
     """The number of worker processes and a host sum over them (see the class's ``comm``)."""
     if comm is None:
-        from tfscale import _prepare
-
-        session = _prepare.current_strategy()
-        if session is not None:
-            comm = session
-        elif tf_strategy is not None and int(tf_strategy.num_replicas_in_sync) > 1:
-            from tfscale.strategies.tf_distribute import process_sum
+        if tf_strategy is not None and int(tf_strategy.num_replicas_in_sync) > 1:
+            from tfscale.collectives.tf_distribute import process_sum
 
             replicas = int(tf_strategy.num_replicas_in_sync)
             processes = replicas // max(1, len(tf_strategy.extended.worker_devices))
