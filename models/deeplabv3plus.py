@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 from keras import layers
 
+from models.registry import ZERO_INIT_RESIDUAL
 from models.resnet50 import block_of as trunk_block_of
 from models.resnet50 import resnet50_features
 from tfscale.config import TrainConfig
@@ -89,6 +90,7 @@ def deeplabv3plus(
     aspp_filters: int = 256,
     low_level_filters: int = 48,
     decoder_filters: int = 256,
+    zero_init_residual: bool = False,
 ) -> keras.Model:
     """DeepLabV3+ with a ResNet-50 v1.5 backbone, returning float32 logits ``[B, H, W, K]``.
 
@@ -100,6 +102,7 @@ def deeplabv3plus(
         aspp_filters: channels of the ASPP branches and projection (256 in the paper).
         low_level_filters: channels of the decoder's projection of ``conv2`` (48 in the paper).
         decoder_filters: channels of the decoder's 3x3 convolutions (256 in the paper).
+        zero_init_residual: the backbone's bottlenecks start as their shortcuts.
 
     Raises:
         ValueError: for an output stride other than 8 or 16, or an input smaller than 32x32.
@@ -109,7 +112,7 @@ def deeplabv3plus(
     if min(input_shape[:2]) < 32:
         raise ValueError(f"input_shape={input_shape}; height and width must be >= 32")
     inputs = keras.Input(shape=input_shape)
-    features = resnet50_features(inputs, width, output_stride)
+    features = resnet50_features(inputs, width, output_stride, zero_init_residual)
     x = aspp(features["conv5"], aspp_filters, output_stride)
     low_level = conv_bn_relu(features["conv2"], low_level_filters, 1, "decoder_low_level")
     x = ResizeLike(name="decoder_upsample")([x, low_level])
@@ -136,11 +139,13 @@ def _shape(cfg: TrainConfig) -> tuple[int, int, int]:
 
 
 def build_deeplabv3plus(cfg: TrainConfig) -> keras.Model:
-    return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=16)
+    return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=16,
+                         zero_init_residual=ZERO_INIT_RESIDUAL.of(cfg))
 
 
 def build_deeplabv3plus_os8(cfg: TrainConfig) -> keras.Model:
-    return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=8)
+    return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=8,
+                         zero_init_residual=ZERO_INIT_RESIDUAL.of(cfg))
 
 
 def build_deeplabv3plus_tiny(cfg: TrainConfig) -> keras.Model:
@@ -152,4 +157,5 @@ def build_deeplabv3plus_tiny(cfg: TrainConfig) -> keras.Model:
         aspp_filters=16,
         low_level_filters=8,
         decoder_filters=16,
+        zero_init_residual=ZERO_INIT_RESIDUAL.of(cfg),
     )

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tfscale import options
+from tfscale.options import Option
 from tfscale.registry import Registry, TaskRegistry
 from tfscale.tasks import CLASSIFICATION, SEGMENTATION
 
@@ -63,10 +64,19 @@ def block_rule(model: str) -> BlockRule:
     return BLOCKS.get(model)
 
 
+# Declared here, not beside the ResNet code, so that the flags are defined without Keras.
+ZERO_INIT_RESIDUAL: Option[bool] = Option(
+    "zero_init_residual", False,
+    "Start the scale (gamma) of the last batch-norm layer of every residual block at 0, so "
+    "that each block starts as the identity (Goyal et al. 2017, for large batches). Off by "
+    "default: docs/STATISTICAL_SCALING.md has what it changed here.",
+    changes_training=True)
+RESIDUAL = {"options": (ZERO_INIT_RESIDUAL,)}
+
 declare("resnet50", "models.resnet50:build_resnet50",
-        "ResNet-50 v1.5 (stride on the 3x3 convolution)", CLASSIFICATION)
+        "ResNet-50 v1.5 (stride on the 3x3 convolution)", CLASSIFICATION, **RESIDUAL)
 declare("resnet50_tiny", "models.resnet50:build_resnet50_tiny",
-        "ResNet-50 v1.5 layout with 1/16 of the filters, for tests", CLASSIFICATION)
+        "ResNet-50 v1.5 layout with 1/16 of the filters, for tests", CLASSIFICATION, **RESIDUAL)
 declare("tiny_cnn", "models.small:build_tiny_cnn",
         "2-conv CNN without batch norm, for tests", CLASSIFICATION)
 declare("tiny_bn_cnn", "models.small:build_tiny_bn_cnn",
@@ -74,11 +84,11 @@ declare("tiny_bn_cnn", "models.small:build_tiny_bn_cnn",
 declare("mlp", "models.small:build_mlp",
         "3-layer perceptron (communication-bound), for scaling tests", CLASSIFICATION)
 declare("deeplabv3plus", "models.deeplabv3plus:build_deeplabv3plus",
-        "DeepLabV3+ on ResNet-50, output stride 16", SEGMENTATION)
+        "DeepLabV3+ on ResNet-50, output stride 16", SEGMENTATION, **RESIDUAL)
 declare("deeplabv3plus_os8", "models.deeplabv3plus:build_deeplabv3plus_os8",
-        "DeepLabV3+ on ResNet-50, output stride 8 (ASPP rates 12/24/36)", SEGMENTATION)
+        "DeepLabV3+ on ResNet-50, output stride 8 (ASPP rates 12/24/36)", SEGMENTATION, **RESIDUAL)
 declare("deeplabv3plus_tiny", "models.deeplabv3plus:build_deeplabv3plus_tiny",
-        "DeepLabV3+ layout with 1/16 of the filters, for tests", SEGMENTATION)
+        "DeepLabV3+ layout with 1/16 of the filters, for tests", SEGMENTATION, **RESIDUAL)
 declare("tiramisu", "models.tiramisu:build_tiramisu",
         "FC-DenseNet103 (the one hundred layers Tiramisu)", SEGMENTATION)
 declare("tiramisu56", "models.tiramisu:build_tiramisu56",

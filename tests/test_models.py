@@ -247,3 +247,20 @@ def test_one_mixed_float16_training_step_is_finite(name: str, mixed_float16: Non
     assert any(changed) or float(optimizer.dynamic_scale.numpy()) < 2.0**15
     if task == "segmentation":
         assert {"iou_0", "iou_1", "iou_2", "mean_iou"} <= set(logs)
+
+
+@pytest.mark.parametrize("name", ["resnet50_tiny", "deeplabv3plus_tiny"])
+def test_zero_init_residual_starts_each_bottleneck_as_its_shortcut(name: str) -> None:
+    """--zero_init_residual: the last batch norm of every bottleneck starts with scale 0, the
+    others with 1; without it, all with 1."""
+    cfg = TrainConfig(model=name, image_size=32, num_classes=3)
+    for zero in (False, True):
+        built = models.MODELS.get(name)(cfg.replace(zero_init_residual=zero))
+        last = [layer for layer in built.layers if layer.name.endswith("_3_bn")]
+        others = [layer for layer in built.layers
+                  if isinstance(layer, keras.layers.BatchNormalization) and layer not in last]
+        assert len(last) == 16 and others
+        assert all(np.all(np.asarray(layer.gamma) == (0.0 if zero else 1.0)) for layer in last)
+        assert all(np.all(np.asarray(layer.gamma) == 1.0) for layer in others)
+    with pytest.raises(ValueError, match="zero_init_residual"):
+        TrainConfig(model="tiny_cnn", zero_init_residual=True)

@@ -23,6 +23,7 @@ from tfscale.optimizers import (
     LARS,
     WarmupDecay,
     build_optimizer,
+    exclude_bias_bn_from_decay,
     scaled_learning_rate,
 )
 
@@ -300,3 +301,22 @@ def test_optimizer_step_reads_the_counter_with_or_without_a_strategy(mirrored: b
     # Under the strategy the counter is a mirrored variable; the step is read from its copy.
     assert isinstance(counter.value, tf.distribute.DistributedValues) == mirrored
     assert optimizer_step(model) == int(counter.numpy()) == 3
+
+
+@pytest.mark.parametrize("kind", ["sgd", "nesterov", "adamw", "lamb"])
+def test_bias_and_batch_norm_variables_excluded_from_decay(kind: str) -> None:
+    """--exclude_bias_bn_decay: one step of zero gradients decays the kernel only (with the
+    flag off, every variable)."""
+    cfg = TrainConfig(optimizer=kind, learning_rate=0.5, weight_decay=0.1, momentum=0.0)
+    decayed = {}
+    for exclude in (False, True):
+        kernel = keras.Variable(np.ones((2, 3), np.float32), name="kernel")
+        bias, gamma = (keras.Variable(np.ones(3, np.float32), name=n) for n in ("bias", "gamma"))
+        optimizer = build_optimizer(cfg, 1, 10)
+        if exclude:
+            assert exclude_bias_bn_from_decay(optimizer, [kernel, bias, gamma]) == 2
+        optimizer.apply([tf.zeros_like(v) for v in (kernel, bias, gamma)], [kernel, bias, gamma])
+        decayed[exclude] = [bool(np.all(np.asarray(v) < 1)) for v in (kernel, bias, gamma)]
+    assert decayed == {False: [True, True, True], True: [True, False, False]}
+    lars = build_optimizer(cfg.replace(optimizer="lars"), 1, 10)
+    assert exclude_bias_bn_from_decay(lars, [kernel, bias]) == 0  # lars_exclude_bias_bn's

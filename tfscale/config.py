@@ -93,6 +93,7 @@ class TrainConfig:
     lars_eta: float = 0.001
     larc_mode: str = "clip"
     lars_exclude_bias_bn: bool = True
+    exclude_bias_bn_decay: bool = False
     class_weights: str = ""
     label_smoothing: float = 0.0
     # Compute.

@@ -96,6 +96,10 @@ HELP: dict[str, str] = {
     "larc_mode": "LARC: clip the local rate at the global one, or scale by the trust ratio.",
     "lars_exclude_bias_bn": "Exclude biases and batch-norm parameters from LARS/LARC adaptation "
     "and weight decay.",
+    "exclude_bias_bn_decay": "No weight decay on biases and batch-norm scales and offsets "
+    "(variables of rank <= 1), for every optimizer (Goyal et al. 2017); LARS and LARC leave them "
+    "out with --lars_exclude_bias_bn already. Off by default: docs/STATISTICAL_SCALING.md has "
+    "what it changed here.",
     "class_weights": "Per-class loss weights: comma-separated numbers or a JSON file written by "
     "python -m input_pipelines.tools.class_weights.",
     "label_smoothing": "Label smoothing for classification.",

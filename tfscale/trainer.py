@@ -50,7 +50,7 @@ from tfscale.export import EXPORT, export_inference, plain_copy
 from tfscale.files import write_json_atomic
 from tfscale.losses import build_loss
 from tfscale.metrics import build_metrics
-from tfscale.optimizers import build_optimizer
+from tfscale.optimizers import build_optimizer, exclude_bias_bn_from_decay
 from tfscale.runtime import configure_runtime, resolve_precision
 from tfscale.strategies import Strategy, create, running
 
@@ -209,6 +209,10 @@ class Trainer:
         with self.strategy.scope():
             model = models.MODELS.get(cfg.model)(cfg)
             optimizer = build_optimizer(cfg, self.strategy.num_replicas, total_steps)
+            if cfg.exclude_bias_bn_decay and cfg.weight_decay:
+                count = exclude_bias_bn_from_decay(optimizer, model.trainable_variables)
+                rank_zero.log(f"--exclude_bias_bn_decay: no weight decay on {count} bias and "
+                              "batch-norm variables")
         prepared = prepare(
             model, optimizer, grad_accum_steps=cfg.grad_accum_steps, sync_bn=cfg.sync_bn,
             sync_bn_group=cfg.sync_bn_group, gradient_lag=cfg.gradient_lag,

@@ -10,7 +10,8 @@ from tfscale.optimizers.lars import LARC, LARS, TrustRatioSGD
 from tfscale.optimizers.schedules import WarmupDecay
 
 __all__ = ["LARC", "LARS", "TrustRatioSGD", "WarmupDecay", "accumulate_gradients",
-           "build_optimizer", "build_schedule", "scaled_learning_rate"]
+           "build_optimizer", "build_schedule", "exclude_bias_bn_from_decay",
+           "scaled_learning_rate"]
 
 
 def scaled_learning_rate(config: TrainConfig, world_size: int) -> float:
@@ -57,3 +58,16 @@ def build_optimizer(
                     weight_decay=config.weight_decay,
                     exclude_bias_bn=config.lars_exclude_bias_bn, mode=config.larc_mode)
     raise ValueError(f"--optimizer={config.optimizer} is not available in this build")
+
+
+def exclude_bias_bn_from_decay(optimizer: keras.optimizers.Optimizer,
+                               variables: list[keras.Variable]) -> int:
+    """No weight decay on the biases and batch-norm scales and offsets (the variables of rank
+    <= 1) among ``variables`` (Goyal et al. 2017): Keras' own exclusion, for every Keras
+    optimizer; LARS and LARC exclude them themselves (``--lars_exclude_bias_bn``). Call it
+    before the optimizer is built. Returns the number of variables excluded."""
+    if isinstance(optimizer, TrustRatioSGD):
+        return 0
+    excluded = [v for v in variables if len(v.shape) <= 1]
+    optimizer.exclude_from_weight_decay(var_list=excluded)
+    return len(excluded)
