@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tfscale.callbacks import ProgressLogger, StepSummaries
+from tfscale.callbacks import ProgressLogger, StepSummaries, ThroughputMeter
 from tfscale.callbacks import progress as progress_module
+from tfscale.callbacks import throughput as throughput_module
 from tfscale.callbacks.progress import Window
 from tfscale.durations import clock
 from tfscale.results import describe_final_loss
@@ -24,10 +25,13 @@ from tfscale.results import describe_final_loss
 class Run:
     """Drives a ProgressLogger as ``model.fit`` would, on a clock the test sets."""
 
-    def __init__(self, logger: ProgressLogger, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, logger: ProgressLogger, monkeypatch: pytest.MonkeyPatch,
+                 others: tuple[Any, ...] = ()) -> None:
         self.now = 0.0
         monkeypatch.setattr(progress_module.time, "perf_counter", lambda: self.now)
+        monkeypatch.setattr(throughput_module.time, "perf_counter", lambda: self.now)
         self.logger = logger
+        self.callbacks = (logger, *others)
         self.model: Any = SimpleNamespace(optimizer=SimpleNamespace(
             iterations=0, learning_rate=np.float32(0.25)))
         logger.set_model(self.model)
@@ -37,15 +41,18 @@ class Run:
     def fit(self, epochs: range, at: list[list[float]]) -> None:
         """Epochs ``epochs`` whose batches end at the times of ``at`` (one list per epoch);
         each epoch starts when the previous one's last batch ended plus 5 s (its evaluation)."""
-        self.logger.on_train_begin()
+        for callback in self.callbacks:
+            callback.on_train_begin()
         for epoch, times in zip(epochs, at, strict=True):
-            self.logger.on_epoch_begin(epoch)
+            for callback in self.callbacks:
+                callback.on_epoch_begin(epoch)
             self.losses = []
             for batch, t in enumerate(times):
                 self.now = t
                 self.model.optimizer.iterations += 1
                 self.losses.append(float(self.model.optimizer.iterations))  # loss = step
-                self.logger.on_train_batch_end(batch, {"loss": np.mean(self.losses)})
+                for callback in self.callbacks:
+                    callback.on_train_batch_end(batch, {"loss": np.mean(self.losses)})
             self.now += 5.0
 
 
@@ -83,6 +90,26 @@ def test_lines_have_elapsed_and_eta_and_leave_the_compiled_step_out(
     assert windows[4].eta == 0.0 and windows[4].learning_rate == 0.25
     assert logger.window_loss == pytest.approx(9.0)
     assert re.search(r"step 9/9  loss 9\.0000 .* ETA 0:00:00  \|  epoch 3 3/3 ", out)
+
+
+def test_the_summary_times_the_steps_the_lines_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's images/s (ThroughputMeter) is the lines' windows together: neither
+    counts a fit call's first step nor the 5 s between epochs (the meter counted those, and
+    the summary read below every line)."""
+    windows: list[Window] = []
+    logger = ProgressLogger(total_steps=9, every=2, global_batch=8, steps_per_epoch=3,
+                            listeners=[windows.append])
+    meter = ThroughputMeter(8)
+    run = Run(logger, monkeypatch, others=(meter,))
+    run.fit(range(0, 2), [[10.0, 11.0, 12.0], [18.0, 20.0, 21.0]])
+    run.now = 30.0
+    run.fit(range(2, 3), [[40.0, 41.0, 42.0]])
+    # The windows of steps 2, 4, 6, 8 and 9 time 1, 2, 2, 1 and 1 steps (7 and 1 begin fit
+    # calls): 8 s in all.
+    seconds = sum(w.step_time_ms / 1000.0 * n for w, n in zip(windows, (1, 2, 2, 1, 1),
+                                                             strict=True))
+    assert meter.steps == 7 and meter.seconds == pytest.approx(seconds) == 8.0
+    assert meter.images_per_sec == pytest.approx(8 * 7 / 8.0)
 
 
 def test_a_window_of_only_the_compiled_step_has_no_rate_and_the_loss_is_averaged(

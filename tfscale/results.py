@@ -26,13 +26,20 @@ def summary(results: dict[str, Any]) -> str:
         *([("exchange", results["exchange"])] if results.get("exchange") else []),
         ("global batch", describe_batch(results)),
         ("steps", f"{results['steps']} (this run: {results['steps_this_run']})"),
-        ("images/sec (total)", f"{results['images_per_sec']:.2f}"),
+        # The progress lines' steps together: after compilation, without evaluations and
+        # the work between epochs (what each line's images/s covers).
+        ("images/sec (training steps)", f"{results['images_per_sec']:.2f}"),
         ("images/sec per worker", f"{results['images_per_sec_per_worker']:.2f}"),
         ("step time", f"{results['step_time_ms']:.1f} ms"),
         (describe_final_loss(results), f"{results['final_loss']:.4f}"),
     ]
     if "train_seconds" in results:
         rows.append(("training time", f"{results['train_seconds']:.1f} s"))
+        if results.get("train_seconds") and results.get("steps_this_run"):
+            # Everything this run did: compilation, evaluations, checkpoints, epoch ends.
+            overall = (results["global_batch_size"] * results["steps_this_run"]
+                       / results["train_seconds"])
+            rows.append(("images/sec (over the training time)", f"{overall:.2f}"))
     if results.get("evaluations"):
         last = results["evaluations"][-1]
         rows.append(("evaluations", f"{len(results['evaluations'])} (last: step {last['step']}, "

@@ -10,8 +10,11 @@ import keras
 
 class ThroughputMeter(keras.callbacks.Callback):
     """Measures step time and images/sec as the wall time between consecutive batch ends, so
-    data waits and every callback's work count. The first step of each ``fit`` call (graph
-    tracing and compilation) is left out. Reported in the epoch logs too.
+    data waits and every callback's work count. Left out, as the progress lines leave them
+    out (so that the summary is the progress lines' steps together): the first step of each
+    ``fit`` call (graph tracing and compilation), the work between epochs (epoch-end
+    callbacks, a new epoch's iterator) and what :meth:`exclude` is told (evaluations).
+    Reported in the epoch logs too.
 
     Args:
         global_batch: examples consumed per step by the whole job.
@@ -32,6 +35,10 @@ class ThroughputMeter(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._last = None
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._last is not None:
+            self._last = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         now = time.perf_counter()
