@@ -82,3 +82,18 @@ def test_resume_continues_from_checkpoint(tmp_path: Path) -> None:
         np.testing.assert_allclose(a, b, atol=1e-6)
     again = run_train(*flags, "--steps=8", f"--model_dir={stopped}")
     assert again.returncode == 0 and "already trained to step 8" in again.stdout
+    # Another global batch (2 micro-batches of 4): refused, with the --batch_size that keeps
+    # it; allowed, the run goes on from the step of 8 at which as many images were trained.
+    other = [*flags, "--steps=12", "--grad_accum_steps=2", f"--model_dir={stopped}"]
+    refused = run_train(*other)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert (f"{stopped}'s checkpoint of step 8 was trained at a global batch of 4; this run's "
+            "would be 8 (4 per replica x 1 replicas x 2 micro-batches): give --batch_size=2 "
+            "to keep it with these workers") in refused.stderr
+    allowed = run_train(*other, "--allow_config_change")
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "the global batch changes from 4 to 8: step 8 (32 images) goes on as step 4" in (
+        allowed.stdout)
+    assert "steps 4->12" in allowed.stdout and read_results(stopped)["steps"] == 12
+    assert CheckpointManager(stopped / "checkpoints" / "global-batch-4").steps()[0] == 8
+    assert CheckpointManager(stopped / "checkpoints").steps()[0] == 12

@@ -26,8 +26,11 @@ RESULTS = "results.json"  # runs from before config.json kept their config only 
 
 # How long the run is, how it is logged, checkpointed, evaluated and staged, where and on how
 # many workers it runs (resuming on another world size and strategy is supported), and compute
-# settings that leave what is trained alone.
+# settings that leave what is trained alone. The batch per replica and the micro-batches may
+# change with the workers: what is trained is the global batch, which the trainer checks
+# against the checkpoint's (tfscale.trainer.Trainer._resume_global_batch).
 MAY_CHANGE = frozenset({
+    "batch_size", "grad_accum_steps",
     "num_processes", "max_restarts", "strategy", "collective_timeout_s", "steps", "epochs",
     "validation_steps", "eval_every", "eval_only", "bn_statistics", "bn_statistics_images",
     "target_metric", "prefetch", "cache", "stage_dir", "skip_corrupt", "intra_op_threads",

@@ -259,7 +259,8 @@ class Trainer:
             if evaluator is not None:
                 named["evaluation"].listeners.append(named["target"].check_record)
         named["events"] = cbs.EpochEvents(self.events)
-        named["checkpoint"] = cbs.Checkpoint(manager, cfg.checkpoint_every)
+        named["checkpoint"] = cbs.Checkpoint(manager, cfg.checkpoint_every,
+                                             {"global_batch_size": self.global_batch})
         named["progress"] = progress
         profile = cfg.profile_range
         if profile and self.strategy.is_chief:
@@ -326,6 +327,8 @@ class Trainer:
             rank_zero.log(f"warning: checkpoint of step {restored['step']} holds no pending "
                           "gradients of --gradient_lag (written without the lag): the first "
                           "step after resuming applies none")
+        if restored:
+            self._resume_global_batch(model, manager, restored, pending)
         start = int(strategy.broadcast([float(cbs.optimizer_step(model))])[0])
         if start >= total:
             rank_zero.log(f"{self.model_dir} is already trained to step {start} of {total}; "
@@ -361,6 +364,50 @@ class Trainer:
         finally:
             self.events.emit("run_stop", status=status,
                              step=cbs.optimizer_step(model))
+
+    def _resume_global_batch(self, model: keras.Model, manager: CheckpointManager,
+                             restored: dict[str, Any], pending: list[Any]) -> None:
+        """Resumes a checkpoint whose steps were of another global batch (another worker
+        count, batch per replica or number of micro-batches) counting images, not steps.
+
+        Without ``--allow_config_change`` that stops the run: the global batch is what is
+        trained. With it, the step counter becomes the step of this run's global batch at
+        which as many images were trained (so epochs, the learning-rate schedule and the
+        step budget go on from the same share of the run), the chief moves the checkpoints
+        counted in the old steps into ``checkpoints/global-batch-<old>/`` (nothing is
+        deleted) and saves the resumed state as the checkpoint of the new step.
+
+        Raises:
+            ValueError: on every worker (each read the same checkpoint), naming the global
+                batches and a ``--batch_size`` that keeps the checkpoint's.
+        """
+        cfg, step = self.config, int(restored["step"])
+        old = int(restored.get("global_batch_size") or self.global_batch)
+        if old == self.global_batch:
+            return
+        per_replica = self.global_batch // cfg.batch_size
+        same = old // per_replica if old % per_replica == 0 else 0
+        if not cfg.allow_config_change:
+            keep = (f"give --batch_size={same} to keep it with these workers, " if same else "")
+            raise ValueError(
+                f"{self.model_dir}'s checkpoint of step {step} was trained at a global batch "
+                f"of {old}; this run's would be {self.global_batch} ({cfg.batch_size} per "
+                f"replica x {self.strategy.num_replicas} replicas x {cfg.grad_accum_steps} "
+                f"micro-batches): {keep}or add --allow_config_change to go on at "
+                f"{self.global_batch}, counting epochs in images")
+        images = step * old
+        new_step = round(images / self.global_batch)
+        model.optimizer.iterations.assign(new_step)
+        rank_zero.log(f"--allow_config_change: the global batch changes from {old} to "
+                      f"{self.global_batch}: step {step} ({images} images) goes on as step "
+                      f"{new_step} of {self.global_batch}")
+        if self.strategy.is_chief:
+            moved = manager.directory / f"global-batch-{old}"
+            moved.mkdir(exist_ok=True)
+            for kept in manager.steps():
+                os.replace(manager.path(kept), moved / manager.path(kept).name)
+            manager.save(new_step, list(model.weights) + list(model.optimizer.variables),
+                         {"global_batch_size": self.global_batch}, optional=pending)
 
     def _fit(self, model: keras.Model, named: dict[str, Any], train: input_pipelines.Batches,
              start: int, total: int, steps_per_epoch: int) -> dict[str, Any]:

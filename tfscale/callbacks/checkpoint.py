@@ -19,13 +19,16 @@ class Checkpoint(keras.callbacks.Callback):
     every ``every`` optimizer steps (0 = at each epoch end), on the chief only.
 
     A step whose logged loss or whose weights are not finite is never saved, so the last good
-    checkpoint survives a divergence.
+    checkpoint survives a divergence. ``meta`` is saved with each checkpoint (``tfscale.train``
+    records the global batch its steps are of).
     """
 
-    def __init__(self, manager: CheckpointManager, every: int = 0) -> None:
+    def __init__(self, manager: CheckpointManager, every: int = 0,
+                 meta: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.manager = manager
         self.every = every
+        self.meta = dict(meta or {})
         self.last_saved = -1
 
     @property
@@ -48,7 +51,7 @@ class Checkpoint(keras.callbacks.Callback):
             return
         variables = list(self.model.weights) + list(self.model.optimizer.variables)
         try:
-            self.manager.save(step, variables, optional=pending)
+            self.manager.save(step, variables, self.meta, optional=pending)
         except CheckpointError as err:
             warnings.warn(str(err), stacklevel=2)
 
