@@ -166,6 +166,7 @@ def test_predict_stops_quietly_when_its_reader_leaves(one_process: dict[str, obj
     ["tfscale.sweep", "--dry_run", "--grid=batch_size=8,16", "--", "--model=mlp"],
     ["tfscale.predict", "--help"],
     ["tfscale.run", "--help"],  # argparse's
+    ["tfscale.forecast", "--machine=summit", "--nodes=1,8"],
 ])
 def test_listing_and_help_end_quietly_when_the_reader_is_gone(argv: list[str],
                                                               tmp_path: Path) -> None:

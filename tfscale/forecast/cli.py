@@ -19,7 +19,7 @@ from typing import Any
 
 from absl import app, flags
 
-from tfscale import command
+from tfscale import command, output
 from tfscale.config import PRECISIONS
 from tfscale.errors import parse_flags
 from tfscale.files import write_json_atomic
@@ -216,4 +216,4 @@ def main(argv: list[str]) -> int:
 def entry() -> None:
     """The ``tfscale-forecast`` command (and ``python -m tfscale.forecast``)."""
     command.absl_help("tfscale.forecast", __doc__ or "", __name__)
-    app.run(main, flags_parser=parse_flags)
+    app.run(output.ends_quietly(main), flags_parser=parse_flags)
