@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import keras
@@ -192,9 +193,17 @@ def test_two_workers_evaluate_37_examples_exactly_stop_at_the_target_and_eval_on
     assert lines[4]["status"] == "target_reached" and lines[4]["step"] == 2
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["ckpt-000000002.npz"]
 
+    # --eval_only with only the model_dir: the model and data as trained (config.json), and
+    # the evaluated model saved and exported again.
     before = (run / "results.json").read_bytes()
-    proc = run_train(*common, "--eval_only", timeout=120)
+    assert (run / "export").is_dir()
+    shutil.rmtree(run / "export")
+    (run / "model.keras").unlink()
+    proc = run_train("--eval_only", f"--model_dir={run}", "--tensorboard=false", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"--eval_only: as {run} was trained (its config.json): " in proc.stdout
+    assert f"--data_dir={data}" in proc.stdout and "--model=tiny_bn_cnn" in proc.stdout
+    assert (run / "model.keras").is_file() and (run / "export").is_dir()
     report = json.loads((run / "eval.json").read_text())
     assert (report["step"], report["examples"]) == (2, 37)
     for name, value in expected.items():

@@ -216,6 +216,8 @@ def config_from_flags(values: flags.FlagValues,
         ValueError: for any invalid value (see :func:`tfscale.config.validate`).
     """
     kwargs: dict[str, Any] = {name: values[name].value for name in cfg_mod.config_names()}
+    if kwargs["eval_only"]:
+        kwargs.update(_as_trained(kwargs, {name for name in kwargs if values[name].present}))
     if kwargs["data_dir"] and not values["dataset"].present and choose_dataset is not None:
         kwargs["dataset"] = choose_dataset(kwargs["data_dir"], kwargs["model"])
     if kwargs["data_dir"] and not values["steps"].present:
@@ -228,6 +230,24 @@ def config_from_flags(values: flags.FlagValues,
     if from_data is not None and config.data_dir:
         config = from_data(config, frozenset(name for name in kwargs if values[name].present))
     return config
+
+
+def _as_trained(kwargs: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """``--eval_only``: what the evaluated run trained with (its model, data, preprocessing
+    and optimizer, from its model_dir's config.json) for every such flag not given."""
+    from tfscale import config_change, rank_zero
+
+    model_dir = kwargs["model_dir"] or TrainConfig(**kwargs).model_dir
+    saved = config_change.saved_config(model_dir)
+    if saved is None:
+        return {}
+    trained = {"batch_size", "grad_accum_steps"} | (set(kwargs) - config_change.may_change())
+    taken = {name: saved[name] for name in sorted(trained - given)
+             if name in saved and saved[name] != kwargs[name]}
+    if taken:
+        shown = ", ".join(f"--{name}={value}" for name, value in taken.items())
+        rank_zero.log(f"--eval_only: as {model_dir} was trained (its config.json): {shown}")
+    return taken
 
 
 def argv_from_config(config: TrainConfig, **overrides: Any) -> list[str]:

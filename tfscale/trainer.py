@@ -499,16 +499,20 @@ class Trainer:
         evaluator = self._evaluator()
         if evaluator is None:  # excluded by check_evaluation; kept for direct callers
             raise ValueError("--eval_only needs validation data")
-        model = self._build(cfg.steps or 1)
+        # Nothing is trained; the schedule needs a length past its warmup to be built.
+        model = self._build(max(cfg.steps, cfg.warmup_steps + 1))
         meta = manager.restore(list(model.weights) + list(model.optimizer.variables)) or {}
         metrics, examples = evaluator.evaluate(model)
         out = {"model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
                "num_workers": self.strategy.size, "step": int(meta.get("step", 0)),
                "examples": examples, "metrics": metrics, "config": cfg.to_dict()}
-        if self.strategy.is_chief:
-            write_json_atomic(self.model_dir / "eval.json", out)
         shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
         rank_zero.log(f"evaluation of step {out['step']} ({examples} examples): {shown}")
+        if self.strategy.is_chief:
+            write_json_atomic(self.model_dir / "eval.json", out)
+            # The evaluated model, as a training run ends: model.keras and, on real data,
+            # the model for inference.
+            save_model(model, self.model_dir, cfg)
         return out
 
 
