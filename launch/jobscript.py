@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfscale import command
+from tfscale import command, output
 
 # Before launch.jobs imports models (through tfscale.plugins): python -m puts the user's
 # directory, which may have its own models/ package, first on sys.path.
@@ -144,6 +144,7 @@ def make_request(args: argparse.Namespace, train_args: tuple[str, ...],
     return request(args.launcher, train_args=train_args, **fields)
 
 
+@output.ends_quietly
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)

@@ -167,6 +167,7 @@ def test_predict_stops_quietly_when_its_reader_leaves(one_process: dict[str, obj
     ["tfscale.predict", "--help"],
     ["tfscale.run", "--help"],  # argparse's
     ["tfscale.forecast", "--machine=summit", "--nodes=1,8"],
+    ["launch.jobscript", "slurm", "--nodes=2", "--", "--model=mlp", "--strategy=horovod"],
 ])
 def test_listing_and_help_end_quietly_when_the_reader_is_gone(argv: list[str],
                                                               tmp_path: Path) -> None:

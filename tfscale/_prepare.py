@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from tfscale import rank_zero
 from tfscale.bn_statistics import MODES
 from tfscale.config import TrainConfig, config_names
+from tfscale.errors import report_script_usage_errors
 from tfscale.runtime import POLICIES, configure_runtime, resolve_precision
 from tfscale.strategies import Strategy, create
 from tfscale.strategies.environment import launched_strategy
@@ -92,6 +93,8 @@ def setup(strategy: str | None = None, *, precision: str | None = None,
             or a second call with other settings.
     """
     global _session
+    # A usage error below (an unknown option, say) ends the script with one line and exit 2.
+    report_script_usage_errors()
     if _session is not None and strategy is None and precision is None and not options:
         return _session.strategy
     config = resolve_precision(_config(
