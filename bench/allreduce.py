@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from bench.common import memcpy_gbps, save, table
-from launch.local import horovod_envs, supervise
+from tfscale.scripts.launcher import horovod_envs, supervise
 
 TARGET = 2.0
 

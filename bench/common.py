@@ -89,7 +89,7 @@ def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
 
 def cpu_description() -> str:
     """The CPU model and its vector/bf16 instruction-set flags (figures depend on them)."""
-    from tfscale.precision import cpu_info, vector_flags
+    from tfscale.training.precision import cpu_info, vector_flags
 
     model, flags = cpu_info()
     wide = vector_flags(flags)

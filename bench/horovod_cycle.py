@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from bench.common import cpu_description, in_round_order, save, table
-from launch.local import horovod_envs, node_layout, supervise
+from tfscale.scripts.launcher import horovod_envs, node_layout, supervise
 
 CYCLES_MS = (1.0, 5.0, 20.0, 50.0, 200.0)
 

@@ -43,7 +43,7 @@ from input_pipelines.core.preprocessing_choice import preprocessing_for  # noqa:
 from input_pipelines.datasets import imagenet  # noqa: E402
 from input_pipelines.registry import Shard  # noqa: E402
 from input_pipelines.tools import folder_to_tfrecord  # noqa: E402
-from tfscale.config import TrainConfig  # noqa: E402
+from tfscale.config.train_config import TrainConfig  # noqa: E402
 
 TARGET_VS_NAIVE = 1.8
 TARGET_VS_RESNET = 10.0

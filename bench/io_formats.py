@@ -81,7 +81,7 @@ def prepare(work: Path, jpegs: int) -> dict[str, dict[str, Path]]:
 def model_rates(args: argparse.Namespace) -> dict[str, float]:
     """Each image set's model images/s (one process), measured unless given."""
     from input_pipelines.tools.io_check import model_rate
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
 
     given = {"jpeg224": args.resnet_images_per_sec, "digits32": args.tiny_images_per_sec}
     rates = {}

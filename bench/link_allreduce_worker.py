@@ -49,9 +49,9 @@ def main() -> None:
     one_node = hvd.cross_size() == 1
     barrier: Callable[[], object] = lambda: hvd.allreduce(tf.zeros(1), name="barrier").numpy()  # noqa: E731
     if one_node:
-        from tfscale.collectives.shared_memory import NodeExchange
+        from tfscale.exchange.shared_memory import SharedMemoryGroup
 
-        node = NodeExchange(f"bench{os.environ.get('SLURM_JOB_ID', os.getpid())}",
+        node = SharedMemoryGroup(f"bench{os.environ.get('SLURM_JOB_ID', os.getpid())}",
                             hvd.local_rank(), hvd.local_size())
         transport = "shared memory"
 

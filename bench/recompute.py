@@ -1,7 +1,8 @@
 """Activation recomputation (``--recompute``): peak memory and step time with and without it,
 and the largest batch that fits under a memory cap with and without it.
 
-Every configuration trains a few steps of ``tfscale.trainer`` on ``synthetic_seg`` in a fresh
+Every configuration trains a few steps of ``tfscale.training.trainer`` on ``synthetic_seg`` in a
+fresh
 process (``--worker``), alternating without/with over the rounds. Peak memory is the process's
 peak resident set (VmHWM, what the machine must hold) and TensorFlow's allocator peak
 (``tf.config.experimental.get_memory_info`` of the GPU where there is one, else of the CPU);
@@ -37,11 +38,13 @@ COMMON = {"dataset": "synthetic_seg", "input_channels": 16, "num_classes": 3,
 
 def _worker(settings: dict[str, Any]) -> None:
     """Trains ``settings`` (TrainConfig fields) in this process and prints one JSON line."""
-    from tfscale import trainer
-    from tfscale.config import TrainConfig
+    from tfscale.cli import plugins
+    from tfscale.config.train_config import TrainConfig
+    from tfscale.training import trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        results = trainer.run(TrainConfig(**settings, model_dir=tmp))
+        config = TrainConfig(**settings, model_dir=tmp)
+        results = trainer.run(config, plugins.parts(config))
     import tensorflow as tf
 
     device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"

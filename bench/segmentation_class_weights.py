@@ -2,7 +2,7 @@
 
 Trains the tiny DeepLabV3+ and the tiny Tiramisu for the same steps, on the same samples in the
 same order, from the same initial weights, once per weighting: none, and class weights computed
-by :mod:`tfscale.class_weights` from a scan of the training labels (by default the
+by :mod:`tfscale.training.class_weights` from a scan of the training labels (by default the
 MLPerf DeepCAM form ``f ** -0.125`` and ``1 / sqrt(f)``). Each trained model is evaluated on a
 fixed validation set: unweighted cross-entropy, IoU per class and the mean IoU of the rare
 classes (every class but the background), computed here with NumPy from the predictions.
@@ -28,11 +28,11 @@ import tensorflow as tf
 import models
 from bench.common import OUT, save, table
 from input_pipelines.core.synthetic_fields import SIGNAL, samples, split_seed
-from tfscale.class_weights import weights_from_counts
-from tfscale.config import TrainConfig
-from tfscale.losses import build_loss
-from tfscale.metrics import build_metrics
-from tfscale.optimizers import build_optimizer
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.class_weights import weights_from_counts
+from tfscale.training.losses import build_loss
+from tfscale.training.metrics import build_metrics
+from tfscale.training.optimizers import build_optimizer
 
 MODELS = ("deeplabv3plus_tiny", "tiramisu_tiny")
 WEIGHTINGS = ("none", "deepcam", "inverse_sqrt")
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--weightings",
         default=",".join(WEIGHTINGS),
-        help="none and/or methods of tfscale.class_weights",
+        help="none and/or methods of tfscale.training.class_weights",
     )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch_size", type=int, default=8)

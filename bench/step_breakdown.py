@@ -39,7 +39,7 @@ import tempfile
 from typing import Any
 
 from bench.common import cpu_description, memcpy_gbps, save, table, train
-from launch.local import horovod_envs, node_layout, supervise, tf_config_envs
+from tfscale.scripts.launcher import horovod_envs, node_layout, supervise, tf_config_envs
 
 PARTS = ("compute", "step", "step_lag", "allreduce", "host_allreduce", "read_step")
 # The model the workers time (bench.step_breakdown_worker's defaults): the same classes, so the

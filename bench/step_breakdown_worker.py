@@ -61,12 +61,12 @@ def main() -> None:
     import tensorflow as tf
 
     import models
-    from tfscale.config import TrainConfig
-    from tfscale.losses import build_loss
-    from tfscale.metrics import build_metrics
-    from tfscale.optimizers import build_optimizer
+    from tfscale.config.train_config import TrainConfig
     from tfscale.strategies import create, running
-    from tfscale.trainer import configure_runtime
+    from tfscale.training.losses import build_loss
+    from tfscale.training.metrics import build_metrics
+    from tfscale.training.optimizers import build_optimizer
+    from tfscale.training.trainer import configure_runtime
 
     cfg = TrainConfig(model=args.model, strategy=args.strategy, batch_size=args.batch_size,
                       image_size=args.image_size, num_classes=10, intra_op_threads=1,
@@ -89,7 +89,7 @@ def main() -> None:
             return lambda: float(function(iterator)["loss"])
 
         def compiled(optimizer: keras.optimizers.Optimizer) -> keras.Model:
-            # As tfscale.trainer compiles it: its loss and metrics, and its optimizer
+            # As tfscale.training.trainer compiles it: its loss and metrics, and its optimizer
             # (SGD with momentum 0.9 by default).
             model = models.MODELS.get(args.model)(cfg)
             model.compile(optimizer=optimizer, loss=build_loss(cfg, task),

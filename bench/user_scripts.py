@@ -8,7 +8,8 @@ core; the one-process baseline pinned to one core) trained by:
 - ``tfscale.train --strategy=horovod|multiworker --num_processes=2 --cpu_binding``;
 - a Horovod-style script on ``tfscale.horovod`` (bench/user_hvd_mlp.py) and a TF-tutorial
   MWMS script with ``tfscale.multiworker.enable()`` (bench/user_mwms_mlp.py), each started on
-  2 local workers by tfscale's launcher (``launch.local``: Horovod's Gloo rendezvous, or a
+  2 local workers by tfscale's launcher (``tfscale.scripts.launcher``: Horovod's Gloo rendezvous,
+  or a
   TF_CONFIG per worker) and pinned with ``taskset``, as a cluster launcher binds ranks;
 - with ``--before``, the same scripts with ``TFSCALE_NODE_EXCHANGE=collectives``: their
   gradients on Gloo and gRPC over loopback, as before users' scripts took the node exchange.
@@ -46,7 +47,7 @@ SCRIPTS = {"horovod": "bench.user_hvd_mlp", "mwms": "bench.user_mwms_mlp"}
 def run_script(style: str, cores: list[int], mode: str = "auto") -> float:
     """images/s of the user script of ``style`` on ``len(cores)`` local workers, worker ``i``
     pinned to ``cores[i]``, with ``TFSCALE_NODE_EXCHANGE=mode``."""
-    from launch.local import horovod_envs, supervise, tf_config_envs
+    from tfscale.scripts.launcher import horovod_envs, supervise, tf_config_envs
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"

@@ -5,17 +5,18 @@ imported when its builder is fetched from :data:`PIPELINES`.
 """
 
 from input_pipelines.core.data_shape import shapes_from_data
-from input_pipelines.core.recognize import has_validation_split
 from input_pipelines.registry import (
     PIPELINES,
     Batches,
     Shard,
+    dataset_files,
     declare,
+    has_validation_split,
     reads_data_dir,
     recognize,
     register,
     task_of,
 )
 
-__all__ = ["PIPELINES", "Batches", "Shard", "declare", "has_validation_split", "reads_data_dir",
-           "recognize", "register", "shapes_from_data", "task_of"]
+__all__ = ["PIPELINES", "Batches", "Shard", "dataset_files", "declare", "has_validation_split",
+           "reads_data_dir", "recognize", "register", "shapes_from_data", "task_of"]

@@ -15,7 +15,7 @@ A pipeline builder is called once per worker process as
 - The ``"validation"`` dataset of a finite split is ONE pass over this shard's examples in a
   fixed order, each exactly once, the last batch partial (no ``drop_remainder``); it is empty
   for a shard without validation examples (every worker still takes part in the evaluation's
-  all-reduce). Evaluation (:mod:`tfscale.evaluation`) reads it whole, or at most
+  all-reduce). Evaluation (:mod:`tfscale.training.evaluation`) reads it whole, or at most
   ``--validation_steps`` batches when that is > 0. Unbounded validation data (``synthetic``)
   may repeat, with ``examples=None``; it is evaluated only with ``--validation_steps``.
 - ``Batches.examples`` is the number of examples of the split this shard sees per epoch (per
@@ -30,13 +30,20 @@ error), ``shape=`` (a function, or ``"module:function"``, taking the ``--data_di
 returning the classes and image sizes its files record, or None: where the defaults of
 ``--num_classes``, ``--image_size`` and ``--input_channels`` come from, see
 :mod:`input_pipelines.core.data_shape`), ``options=`` (its own flags:
-:class:`tfscale.options.Option` declarations, or ``"module:attribute"`` naming them; refused
-with another ``--dataset``), and ``inference=`` (a function, or ``"module:function"``, taking
+:class:`tfscale.config.options.Option` declarations, or ``"module:attribute"`` naming them; refused
+with another ``--dataset``), ``inference=`` (a function, or ``"module:function"``, taking
 the config and returning an :class:`input_pipelines.core.inference.Inference`: how evaluation
 turns a raw image into the model's input, which the trainer puts in front of the exported
-model). The built-in ones are declared at the end of this module by name, builder
-(``"module:function"``), description and task (:mod:`tfscale.tasks`); a dataset's module is
-imported when its builder is fetched.
+model), and, for data read from files, the two rules of its layout (each by default that of
+:mod:`input_pipelines.core.files`: ``SPLIT-*`` files or a ``SPLIT/`` folder): ``files=`` (a
+function, or ``"module:function"``, taking the ``--data_dir`` and a split and returning the
+files its builder reads for that split, or raising a
+:class:`~input_pipelines.core.errors.DataError` that names what is missing: what ``io_check``
+times, see :func:`dataset_files`) and ``has_validation=`` (a function, or
+``"module:function"``, taking the ``--data_dir`` and returning whether it holds a validation
+split: whether a run evaluates, see :func:`has_validation_split`). The built-in ones are
+declared at the end of this module by name, builder (``"module:function"``), description and
+task (:mod:`tfscale.config.tasks`); a dataset's module is imported when its builder is fetched.
 """
 
 from __future__ import annotations
@@ -47,15 +54,16 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tfscale import options
-from tfscale.registry import TaskRegistry
-from tfscale.shard import Shard  # re-exported: pipelines take it, strategies make it
-from tfscale.tasks import CLASSIFICATION, SEGMENTATION
+from input_pipelines.core import files as layout
+from tfscale.cluster.shard import Shard  # re-exported: pipelines take it, strategies make it
+from tfscale.config import options
+from tfscale.config.registry import TaskRegistry
+from tfscale.config.tasks import CLASSIFICATION, SEGMENTATION
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +102,51 @@ def reads_data_dir(name: str) -> bool:
 
 def hook(name: str, key: str) -> Callable[..., Any] | None:
     """The function that dataset ``name``'s entry names under ``key`` (``recognize``,
-    ``shape``, ``inference``), imported when given as ``"module:function"``; None if none."""
+    ``shape``, ``inference``, ``files``, ``has_validation``), imported when given as
+    ``"module:function"``; None if none."""
     found = PIPELINES.entry(name).meta.get(key)
     if isinstance(found, str):
         module, _, attribute = found.partition(":")
         found = getattr(importlib.import_module(module), attribute)
     return found
+
+
+def dataset_files(name: str, data_dir: str, split: str) -> list[str]:
+    """The files dataset ``name`` reads for ``split`` under ``data_dir``, by its ``files=``
+    rule (by default :func:`input_pipelines.core.files.split_files`: ``SPLIT-*`` files or a
+    ``SPLIT/`` folder).
+
+    Raises:
+        UnknownNameError: for an unknown dataset, listing the registered ones.
+        ValueError: for a dataset that reads no files, or (DataError) a ``data_dir`` without
+            the split's files, naming what is missing.
+    """
+    if not reads_data_dir(name):
+        raise ValueError(f"--dataset={name} generates its data and reads no files")
+    rule = hook(name, "files") or layout.split_files
+    return list(rule(data_dir, split))
+
+
+def has_validation_split(data_dir: str, dataset: str | None = None) -> bool:
+    """Whether ``data_dir`` holds a validation split of ``dataset``, by its ``has_validation=``
+    rule (by default :func:`input_pipelines.core.files.has_validation_files`: ``validation-*``
+    files or a ``validation/`` folder); a run evaluates on it when it does. Without
+    ``dataset``, for a caller that does not know it: whether the rule of any dataset that reads
+    files finds one.
+
+    Raises:
+        UnknownNameError: for an unknown dataset, listing the registered ones.
+    """
+    if not data_dir:
+        return False
+    names = [dataset] if dataset is not None else [entry.name for entry in PIPELINES]
+    for name in names:
+        if not reads_data_dir(name):
+            continue
+        rule = hook(name, "has_validation") or layout.has_validation_files
+        if rule(data_dir):
+            return True
+    return False
 
 
 def recognize(data_dir: str, task: str) -> tuple[str, str]:
@@ -112,9 +159,7 @@ def recognize(data_dir: str, task: str) -> tuple[str, str]:
         ValueError: ``data_dir`` does not exist, or no dataset, or more than one, recognizes
             it (naming the candidates and the datasets to choose from with ``--dataset``).
     """
-    from input_pipelines.core.files import is_glob  # it imports this module
-
-    if not (os.path.exists(data_dir) or is_glob(data_dir)):
+    if not (os.path.exists(data_dir) or layout.is_glob(data_dir)):
         raise ValueError(f"--data_dir={data_dir} does not exist")
     entries = [e for e in PIPELINES if e.meta["task"] == task and reads_data_dir(e.name)]
     found: dict[str, str] = {}
@@ -136,11 +181,14 @@ def recognize(data_dir: str, task: str) -> tuple[str, str]:
 
 # One module per dataset under input_pipelines/datasets/, each with a ``build`` function.
 SHAPES = "input_pipelines.core.data_shape"
+FOLDERS = "input_pipelines.core.class_folders"
+LMDB = "input_pipelines.core.lmdb_env"
 declare("image_folder", "input_pipelines.datasets.image_folder:build",
         "classification from folders of images, one sub-folder per class", CLASSIFICATION,
         recognize="input_pipelines.core.recognize:image_folder",
         shape=f"{SHAPES}:from_class_folders", options=f"{SHAPES}:OPTIONS",
-        inference="input_pipelines.core.inference:image_folders")
+        inference="input_pipelines.core.inference:image_folders",
+        files=f"{FOLDERS}:image_files", has_validation=f"{FOLDERS}:has_validation")
 declare("imagenet", "input_pipelines.datasets.imagenet:build",
         "ImageNet-style JPEG classification from TFRecord shards "
         "(image/encoded, image/class/label)", CLASSIFICATION,
@@ -150,14 +198,16 @@ declare("imagenet", "input_pipelines.datasets.imagenet:build",
 declare("lmdb", "input_pipelines.datasets.lmdb:build",
         "classification from LMDB environments of Caffe Datum records (encoded or raw "
         "images), e.g. convert_imageset's or folder_to_lmdb's", CLASSIFICATION,
-        recognize="input_pipelines.core.lmdb_env:recognize",
+        recognize=f"{LMDB}:recognize",
         shape=f"{SHAPES}:from_manifest", options=f"{SHAPES}:OPTIONS",
-        inference="input_pipelines.core.inference:images")
+        inference="input_pipelines.core.inference:images",
+        files=f"{LMDB}:data_files", has_validation=f"{LMDB}:has_validation")
 declare("segmentation_h5", "input_pipelines.datasets.segmentation_h5:build",
         "segmentation from HDF5 files (data HxWxC float, labels HxW int), "
         "normalized with stats.json", SEGMENTATION,
         recognize="input_pipelines.core.recognize:segmentation_h5",
-        inference="input_pipelines.core.inference:samples")
+        inference="input_pipelines.core.inference:samples",
+        files="input_pipelines.core.sample_files:h5_files")
 declare("segmentation_tfrecord", "input_pipelines.datasets.segmentation_tfrecord:build",
         "segmentation from TFRecord shards (raw float data, int labels), "
         "normalized with stats.json", SEGMENTATION,

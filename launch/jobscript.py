@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfscale import command, output
+from tfscale.cli import command, output
 
-# Before launch.jobs imports models (through tfscale.plugins): python -m puts the user's
+# Before launch.jobs imports models (through tfscale.cli.plugins): python -m puts the user's
 # directory, which may have its own models/ package, first on sys.path.
 command.own_top_level_packages()
 

@@ -24,7 +24,7 @@ from keras import layers
 from models.registry import ZERO_INIT_RESIDUAL
 from models.resnet50 import block_of as trunk_block_of
 from models.resnet50 import resnet50_features
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 ASPP_RATES = (6, 12, 18)  # at output stride 16; scaled by 16 / output_stride
 
@@ -125,7 +125,7 @@ def deeplabv3plus(
 
 
 def block_of(layer_name: str) -> str | None:
-    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.recompute`): the trunk's
+    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.training.recompute`): the trunk's
     (:func:`models.resnet50.block_of`), the ASPP (``aspp``) and the decoder up to its last
     3x3 convolution (``decoder``)."""
     for prefix in ("aspp", "decoder"):

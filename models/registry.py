@@ -1,9 +1,10 @@
 """Registry of model builders, and the built-in models.
 
-A builder takes the run's :class:`~tfscale.config.TrainConfig` and returns an uncompiled
+A builder takes the run's :class:`~tfscale.config.train_config.TrainConfig` and returns an
+uncompiled
 ``keras.Model`` whose outputs are float32 probabilities-free logits: ``[B, num_classes]`` for
 ``task="classification"`` and ``[B, H, W, num_classes]`` for ``task="segmentation"`` (see
-:mod:`tfscale.tasks`). Builders must keep the final logits in float32 under a mixed-precision
+:mod:`tfscale.config.tasks`). Builders must keep the final logits in float32 under a mixed-precision
 policy.
 
 Your own model registers with the decorator::
@@ -11,7 +12,7 @@ Your own model registers with the decorator::
     @models.register("my_net", "what it is, in one line", task="classification")
     def build_my_net(cfg: TrainConfig) -> keras.Model: ...
 
-with ``options=`` for flags of its own (:class:`tfscale.options.Option` declarations, or
+with ``options=`` for flags of its own (:class:`tfscale.config.options.Option` declarations, or
 ``"module:attribute"`` naming them), as datasets have them.
 
 The built-in models are declared below by name, builder (``"module:function"``), description
@@ -24,21 +25,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tfscale import options
-from tfscale.options import Option
-from tfscale.registry import Registry, TaskRegistry
-from tfscale.tasks import CLASSIFICATION, SEGMENTATION
+from tfscale.config import options
+from tfscale.config.options import Option
+from tfscale.config.registry import Registry, TaskRegistry
+from tfscale.config.tasks import CLASSIFICATION, SEGMENTATION
 
 if TYPE_CHECKING:
     import keras
 
-    from tfscale.config import TrainConfig
-    from tfscale.recompute import BlockRule
+    from tfscale.config.train_config import TrainConfig
+    from tfscale.training.recompute import BlockRule
 
 ModelBuilder = Callable[["TrainConfig"], "keras.Model"]
 
 MODELS: TaskRegistry[ModelBuilder] = TaskRegistry("model", entry_point_group="tfscale.models")
-# The blocks --recompute recomputes as one, by model name (tfscale.recompute). Your own model
+# The blocks --recompute recomputes as one, by model name (tfscale.training.recompute). Your own
+# model
 # adds its rule with ``@models.BLOCKS.register("my_net", "what its blocks are")``.
 BLOCKS: Registry[BlockRule] = Registry("block rule")
 

@@ -14,7 +14,7 @@ import keras
 from keras import layers
 
 from models.registry import ZERO_INIT_RESIDUAL
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 _BN_EPS = 1.001e-5
 STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (filters, blocks, first stride)
@@ -105,7 +105,8 @@ def resnet50(
 
 
 def block_of(layer_name: str) -> str | None:
-    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.recompute`): each bottleneck
+    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.training.recompute`): each
+    bottleneck
     (``conv3_block2``, ...) and the stem (``stem``)."""
     if layer_name.startswith(("conv1_", "pool1_")):
         return "stem"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 def tiny_cnn(

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import keras
 from keras import layers
 
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 FIRST_FILTERS = 48
 # Layers per dense block of the downsampling path, then the bottleneck, and the growth rate
@@ -136,7 +136,8 @@ def tiramisu(
 
 
 def block_of(layer_name: str) -> str | None:
-    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.recompute`): each dense block
+    """The blocks ``--recompute`` recomputes as one (:mod:`tfscale.training.recompute`): each dense
+    block
     of the downsampling path (``down1``, ...) and each transition down (``td1``, ...), the
     bottleneck block, and each transition up with the dense block after it (``up1``, ...)."""
     found = re.match(r"(down\d+|td\d+|bottleneck|up\d+|tu\d+)_", layer_name)

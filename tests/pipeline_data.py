@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from input_pipelines.registry import Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 def config(data_dir: Path | str, dataset: str, **overrides: object) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""Batch-norm statistics recomputed with the weights fixed (:mod:`tfscale.bn_statistics`).
+"""Batch-norm statistics recomputed with the weights fixed (:mod:`tfscale.training.bn_statistics`).
 
 In one process: the statistics are the population's of each layer's inputs, with earlier
 layers normalizing each per-replica batch as in training; frozen layers, a model without batch
@@ -19,10 +19,10 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import requires_horovod, run_process
-from tfscale import bn_statistics
-from tfscale.bn_statistics import Recomputer, Statistics, agree, resolve_mode
-from tfscale.recompute import recompute_blocks
 from tfscale.strategies.base import jit_compile_forward
+from tfscale.training import bn_statistics
+from tfscale.training.bn_statistics import Recomputer, Statistics, agree, resolve_mode
+from tfscale.training.recompute import recompute_blocks
 
 SHAPE = (6, 6, 3)
 
@@ -169,7 +169,7 @@ def test_mixed_precision_statistics_are_float32_of_the_upcast_inputs() -> None:
 @pytest.mark.parametrize("name", ["deeplabv3plus_tiny", "tiramisu_tiny"])
 def test_segmentation_models_reach_every_batch_norm_layer(name: str) -> None:
     import models
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
 
     model = models.MODELS.get(name)(TrainConfig(model=name, image_size=32, num_classes=3))
     data = [np.random.default_rng(0).random((2, 32, 32, 3), np.float32)]
@@ -271,7 +271,7 @@ def test_a_resumed_run_ends_with_the_statistics_of_an_uninterrupted_one(tmp_path
     batch-norm statistics included, because each run ends by recomputing them from the same
     weights over the same first training batches."""
     from tests.conftest import run_train
-    from tfscale.checkpointing import CheckpointManager
+    from tfscale.training.checkpointing import CheckpointManager
 
     flags = ["--model=tiny_bn_cnn", "--image_size=16", "--num_classes=4", "--batch_size=4",
              "--deterministic", "--bn_statistics=precise", "--bn_statistics_images=8",

@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import ROOT, horovodrun, requires_horovod, run_process
 from tests.equivalence import load_weights, max_abs_diff
-from tfscale import rank_zero
 from tfscale.callbacks import ChiefOnly, LearningRateWarmup
+from tfscale.cluster import rank_zero
 
 
 def _model(lr: float = 0.1) -> keras.Model:

@@ -8,7 +8,8 @@ import keras
 import numpy as np
 import pytest
 
-from tfscale.checkpointing import CheckpointError, CheckpointManager, Entry
+from tfscale.exchange.interface import Entry
+from tfscale.training.checkpointing import CheckpointError, CheckpointManager
 
 
 def _vars(seed: int) -> list[keras.Variable]:

@@ -1,4 +1,4 @@
-"""tfscale.cluster_env: launcher variables -> rank, sizes, hosts and the multi-worker cluster."""
+"""tfscale.cluster.environment: launcher variables -> rank, sizes, hosts and the TF cluster."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tfscale import cluster_env
-from tfscale.cluster_env import ClusterEnv, detect, expand_hostlist, tf_config_from_slurm
+from tfscale.cluster import environment as cluster_env
+from tfscale.cluster.environment import ClusterEnv, detect, expand_hostlist, tf_config_from_slurm
 
 
 def slurm_task(rank: int, local_rank: int, node: int, **extra: str) -> dict[str, str]:
@@ -190,12 +190,13 @@ def test_command_line_prints_tf_config() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "OMPI", "PMI",
                                                                       "HOROVOD", "JSM"))}
     env.update(slurm_task(rank=2, local_rank=0, node=1))
-    out = subprocess.run([sys.executable, "-m", "tfscale.cluster_env", "--tf_config",
+    out = subprocess.run([sys.executable, "-m", "tfscale.cli.tf_config", "--tf_config",
                           "--port", "4000"], cwd=ROOT, env=env, capture_output=True,
                          text=True, check=True).stdout
     spec = json.loads(out)
     assert spec["task"]["index"] == 2 and spec["cluster"]["worker"][2] == "node02:4000"
     env["SLURM_PROCID"] = "9"
+    # The old name, as job scripts written before run it.
     bad = subprocess.run([sys.executable, "-m", "tfscale.cluster_env"], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "rank 9" in bad.stderr

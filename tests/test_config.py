@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import TINY, requires_horovod, run_train
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 @pytest.mark.parametrize(
@@ -49,13 +49,13 @@ def test_config_is_frozen_and_defaults_model_dir() -> None:
 def test_flags_round_trip_to_config() -> None:
     from absl import flags
 
-    from tfscale.flags import argv_from_config, config_from_flags, define_flags
+    from tfscale.cli.flags import config_from_flags, define_flags
 
     values = flags.FlagValues()
     define_flags(values)
     cfg = TrainConfig(model="tiny_cnn", batch_size=7, precision="mixed_bfloat16",
                       deterministic=True, learning_rate=0.25, model_dir="/tmp/x")
-    values(["prog", *argv_from_config(cfg)])
+    values(["prog", *cfg.to_argv()])
     assert config_from_flags(values) == cfg
 
 
@@ -70,7 +70,7 @@ def test_local_workers_are_bound_unless_told_otherwise(
         argv: list[str], binding: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from absl import flags
 
-    from tfscale.flags import config_from_flags, define_flags
+    from tfscale.cli.flags import config_from_flags, define_flags
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     values = flags.FlagValues()
@@ -89,7 +89,7 @@ def test_local_workers_are_bound_unless_told_otherwise(
 def test_steps_default_to_whole_epochs_over_files(argv: list[str], steps: int) -> None:
     from absl import flags
 
-    from tfscale.flags import config_from_flags, define_flags
+    from tfscale.cli.flags import config_from_flags, define_flags
 
     values = flags.FlagValues()
     define_flags(values)
@@ -143,7 +143,7 @@ def test_multi_process_strategy_without_launcher_warns(strategy: str, warning: s
 
 
 def test_horovod_knobs_under_another_strategy_warn() -> None:
-    from tfscale.plugins import validate_names
+    from tfscale.cli.plugins import validate_names
 
     with pytest.warns(UserWarning, match=r"--fp16_allreduce, --cycle_time_ms only affect the "
                                          r"strategies that read them \(ddl, horovod\); "

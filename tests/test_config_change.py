@@ -1,4 +1,4 @@
-"""Resuming with a changed configuration (tfscale/config_change.py)."""
+"""Resuming with a changed configuration (tfscale/training/resume.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tfscale.config import TrainConfig
-from tfscale.config_change import check_resume, save
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.resume import check_resume, save
 
 
 def _trained(model_dir: Path, saved_as: str = "config.json", **fields: object) -> None:

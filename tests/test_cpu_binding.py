@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_process
-from tfscale.cpu_binding import Threads, cores_for, local_layout
+from tfscale.cluster.cpu_binding import Threads, cores_for, local_layout
 
 
 def test_layout_from_launcher_variables() -> None:
@@ -30,7 +30,7 @@ def test_cores_are_split_into_disjoint_blocks() -> None:
 
 INHERITED = """
 import os
-from tfscale.cpu_binding import Threads
+from tfscale.cluster.cpu_binding import Threads
 threads = Threads(1, 2, None, 0, 0)
 print(threads.describe({}))
 os.sched_setaffinity(0, [max(os.sched_getaffinity(0))])
@@ -56,8 +56,8 @@ def test_a_worker_describes_the_binding_and_threads_it_was_started_with() -> Non
 
 PROBE = """
 import os, sys
-from tfscale.trainer import configure_runtime
-from tfscale.config import TrainConfig
+from tfscale.training.trainer import configure_runtime
+from tfscale.config.train_config import TrainConfig
 configure_runtime(TrainConfig(model="tiny_cnn", cpu_binding=True,
                               intra_op_threads=int(os.environ["INTRA"])))
 import tensorflow as tf

@@ -13,10 +13,10 @@ from PIL import Image
 
 from input_pipelines import shapes_from_data
 from input_pipelines.core.image_sizes import ImageSizes
-from tfscale import plugins
-from tfscale.config import TrainConfig
-from tfscale.config_change import check_resume, save
-from tfscale.flags import argv_from_config, config_from_flags, define_flags
+from tfscale.cli import plugins
+from tfscale.cli.flags import config_from_flags, define_flags
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.resume import check_resume, save
 
 SHAPES = ("circle", "cross", "square", "triangle")
 
@@ -63,7 +63,7 @@ def test_a_converted_dataset_gives_its_size_classes_and_channels(tmp_path: Path)
                    "--input_channels=3 (colour images)"]
     # The launcher hands its workers every value as a flag: they agree with the data, silently.
     again: list[str] = []
-    assert config(*argv_from_config(cfg), log=again) == cfg and again == []
+    assert config(*cfg.to_argv(), log=again) == cfg and again == []
 
 
 def test_grayscale_varied_and_large_images(tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_resuming_keeps_what_the_run_was_trained_with(tmp_path: Path) -> None:
     assert log == [f"from {data}/manifest.json: --image_size=224 (as {run} was trained; the data "
                    f"gives 32), --num_classes=1000 (as {run} was trained; the data gives 4), "
                    f"--input_channels=3 (as {run} was trained)"]
-    assert config(*argv_from_config(resumed)) == resumed
+    assert config(*resumed.to_argv()) == resumed
     # A new run into another model_dir takes the data's.
     assert config(f"--data_dir={data}", f"--model_dir={tmp_path / 'new'}").num_classes == 4
 

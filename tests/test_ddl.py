@@ -18,8 +18,8 @@ import tensorflow as tf
 from tests.conftest import TINY, read_results, requires_horovod, run_process, run_train
 from tests.equivalence import WORKER, assert_replicas_equal, load_weights, max_abs_diff, reference
 from tfscale.callbacks import DDLGlobalVariablesBroadcast, DDLMetricSync, check_ddl_order
-from tfscale.collectives.hierarchical import Topology, fuse, unfuse
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
+from tfscale.exchange.hierarchical import Topology, fuse, unfuse
 from tfscale.strategies import STRATEGIES
 from tfscale.strategies.ddl import DDLStrategy
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import TINY, read_results, run_train
-from tfscale.checkpointing import CheckpointManager
+from tfscale.training.checkpointing import CheckpointManager
 
 REQUIRED = {"model", "strategy", "num_workers", "global_batch_size", "steps", "images_per_sec",
             "images_per_sec_per_worker", "step_time_ms", "final_loss", "config"}

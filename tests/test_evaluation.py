@@ -15,11 +15,11 @@ import input_pipelines
 from input_pipelines.registry import Shard
 from tests.conftest import TINY, read_results, requires_horovod, run_train
 from tests.pipeline_data import image, write_image_folder
-from tfscale import evaluation
-from tfscale.config import TrainConfig
-from tfscale.events import read_events
-from tfscale.losses import build_loss
-from tfscale.metrics import build_metrics
+from tfscale.config.train_config import TrainConfig
+from tfscale.training import evaluation
+from tfscale.training.events import read_events
+from tfscale.training.losses import build_loss
+from tfscale.training.metrics import build_metrics
 
 
 class Sum:

@@ -18,16 +18,17 @@ import pytest
 import tensorflow as tf
 
 from input_pipelines import Batches
-from launch.local import supervise, tf_config_envs
 from models.small import tiny_cnn
 from tests.conftest import horovodrun, requires_horovod, run_process
 from tests.equivalence import WORKER, assert_replicas_equal, load_weights, max_abs_diff, reference
 from tests.workers.equivalence import Counts
-from tfscale.config import TrainConfig
-from tfscale.optimizers import WarmupDecay, accumulate_gradients, scaled_learning_rate
-from tfscale.results import describe_batch
+from tfscale.cli import plugins
+from tfscale.config.train_config import TrainConfig
+from tfscale.scripts.launcher import supervise, tf_config_envs
 from tfscale.strategies.default import DefaultStrategy
-from tfscale.trainer import Trainer
+from tfscale.training.optimizers import WarmupDecay, accumulate_gradients, scaled_learning_rate
+from tfscale.training.results import describe_batch
+from tfscale.training.trainer import Trainer
 
 MICRO, BATCH, STEPS = 4, 2, 2  # 2 workers x 4 micro-batches x 2 = one step of 16
 
@@ -46,7 +47,7 @@ def test_linear_scaling_uses_the_global_batch() -> None:
 def test_trainer_counts_examples_per_optimizer_step(tmp_path: Path) -> None:
     cfg = TrainConfig(model="tiny_cnn", batch_size=4, grad_accum_steps=3, steps=0,
                       dataset="imagenet", epochs=2, model_dir=str(tmp_path))
-    trainer = Trainer(cfg, DefaultStrategy(cfg))
+    trainer = Trainer(cfg, DefaultStrategy(cfg), plugins.parts(cfg))
     assert trainer.global_batch == 12
     assert trainer._process_batch("train") == 12 and trainer._process_batch("validation") == 4
     # --steps=0: two passes over 100 examples in steps of 12 (3 micro-batches of 4).

@@ -18,8 +18,8 @@ import pytest
 
 from tests.conftest import TINY, horovodrun, read_results, requires_horovod, run_process, run_train
 from tests.workers.gradient_lag import LEARNING_RATE, global_batches, linear_model
-from tfscale.collectives import with_gradient_reduction
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
+from tfscale.exchange import with_gradient_reduction
 
 WORKER = [sys.executable, "-m", "tests.workers.gradient_lag"]
 STEPS, BATCH = 4, 3

@@ -140,7 +140,8 @@ def test_packages_and_commands_work_from_a_project_with_its_own_packages(
     assert f"{bin_dir / 'python'} -m tfscale.train --model=tiny_cnn" in script
     assert f"cd {project}" in script
     assert "# Written by: tfscale-jobscript slurm --nodes=2" in script
-    # tfscale.run's parent imports tfscale's launch.local; its worker, the user's script, the
+    # tfscale.run's parent imports tfscale's tfscale.scripts.launcher; its worker, the user's
+    # script, the
     # user's models.
     hello = _run([str(bin_dir / "python"), "-m", "tfscale.run", "--nproc=1", "hello.py"],
                  project)

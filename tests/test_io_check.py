@@ -15,6 +15,7 @@ from input_pipelines.core import page_cache
 from input_pipelines.tools import folder_to_lmdb, folder_to_tfrecord, io_check
 from tests.pipeline_data import config, write_image_folder
 
+FILES = {"image_folder": 8, "imagenet": 2, "lmdb": 1}  # training files of `formats`
 SLOW_MODEL = 0.01  # images/s: slower than any storage or pipeline
 FAST_MODEL = 1e9
 
@@ -45,6 +46,8 @@ def test_each_format_gives_finite_figures_and_the_slowest_stage_is_the_limit(
                    *(pipe[k] for k in ("records_cold", *io_check.STAGES))]
         assert all(math.isfinite(f) and f > 0 for f in figures), (dataset, figures)
         assert pipe["images"] == 8 and store["bytes"] > 0, dataset
+        # The files each dataset's files= rule lists: 8 images, 2 shards, 1 data.mdb.
+        assert store["files"] == FILES[dataset], (dataset, store["files"])
         assert result["limit"] == "model", (dataset, result["rates"])
         assert "input is not the limit" in result["advice"][0]
         assert "limit: model (0.0 images/s)" in io_check.report(result)

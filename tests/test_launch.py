@@ -69,7 +69,7 @@ def test_slurm_multiworker_builds_tf_config_and_skips_mpi() -> None:
     bash_syntax_ok(text)
     assert "--mpi=" not in text and "mpi_built" not in text
     assert "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --gpus-per-task=8" in text
-    assert "-m tfscale.cluster_env --tf_config --port 23456)" in rank_script(text)
+    assert "-m tfscale.cli.tf_config --tf_config --port 23456)" in rank_script(text)
 
 
 def test_lsf_jsrun_summit_resource_sets() -> None:
@@ -213,10 +213,10 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 STUB = """#!{python}
-# Stands in for Python in the rank wrapper: runs tfscale.cluster_env for real, and instead of
+# Stands in for Python in the rank wrapper: runs tfscale.cli.tf_config for real, and instead of
 # training prints what tfscale.train would have been given.
 import json, os, sys
-if sys.argv[1:3] == ["-m", "tfscale.cluster_env"]:
+if sys.argv[1:3] == ["-m", "tfscale.cli.tf_config"]:
     os.execv({python!r}, [{python!r}, *sys.argv[1:]])
 keep = ("CUDA_VISIBLE_DEVICES", "TF_CONFIG", "HOROVOD_FUSION_THRESHOLD")
 print("STUB " + json.dumps({{"argv": sys.argv[1:], **{{k: os.environ.get(k) for k in keep}}}}))

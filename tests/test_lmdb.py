@@ -16,13 +16,12 @@ from input_pipelines.core import datum
 from input_pipelines.core.errors import DataError
 from input_pipelines.core.lmdb_env import MAX_RANGE, range_bounds
 from input_pipelines.core.manifest import sha256_file
-from input_pipelines.core.recognize import has_validation_split
 from input_pipelines.datasets import lmdb as lmdb_dataset
-from input_pipelines.registry import recognize
+from input_pipelines.registry import has_validation_split, recognize
 from input_pipelines.tools import folder_to_lmdb
 from tests.conftest import TINY, read_results, run_train
 from tests.pipeline_data import ONE, SHARDS_2, config, image, write_image_folder
-from tfscale.tasks import CLASSIFICATION
+from tfscale.config.tasks import CLASSIFICATION
 
 F = descriptor_pb2.FieldDescriptorProto
 # message Datum of Caffe's src/caffe/proto/caffe.proto (BVLC master), field by field.
@@ -131,9 +130,12 @@ def test_caffe_written_environment_reads_back_bit_exact(tmp_path, kind):
             expected.append(tf.io.decode_image(encoded).numpy())
     write_caffe_lmdb(tmp_path / "digits_train_lmdb", values)
     write_caffe_lmdb(tmp_path / "digits_val_lmdb", values[:3])
-    # The run evaluates on Caffe's validation environment without being told to.
-    assert has_validation_split(str(tmp_path))
-    assert not has_validation_split(str(tmp_path / "digits_train_lmdb"))
+    # The run evaluates on Caffe's validation environment without being told to: lmdb's own
+    # rule finds it, and so does the question asked without a dataset.
+    for dataset in ("lmdb", None):
+        assert has_validation_split(str(tmp_path), dataset)
+        assert not has_validation_split(str(tmp_path / "digits_train_lmdb"), dataset)
+    assert not has_validation_split(str(tmp_path), "imagenet")  # not imagenet's layout
     channels = 1 if kind == "gray" else 3
     cfg = plain(tmp_path, input_channels=channels)
     got = pixels_of(lmdb_dataset.build(cfg, ONE, "validation", 2).dataset)

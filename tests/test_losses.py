@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 
 from input_pipelines.tools import class_weights
-from tfscale.class_weights import parse_class_weights, weights_from_counts
-from tfscale.config import TrainConfig
-from tfscale.losses import WeightedCrossEntropy, build_loss
-from tfscale.metrics import build_metrics
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.class_weights import parse_class_weights, weights_from_counts
+from tfscale.training.losses import WeightedCrossEntropy, build_loss
+from tfscale.training.metrics import build_metrics
 
 
 def _reference_loss(

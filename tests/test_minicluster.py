@@ -160,7 +160,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_same_weights
     second attempt resumes to the same weights as an uninterrupted run (< 1e-6).
 
     The warning is made to land before the end at any CPU speed: once every rank catches
-    SIGUSR1 (tfscale.preemption, installed before TensorFlow loads), the ranks are stopped,
+    SIGUSR1 (tfscale.cluster.preemption, installed before TensorFlow loads), the ranks are stopped,
     Slurm sends the signal, and they go on only when each holds it pending; the guard then
     stops them at the first step."""
     train = ("--steps=40", "--log_every=1", "--deterministic")

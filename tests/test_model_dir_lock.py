@@ -1,4 +1,4 @@
-"""One run per model_dir (tfscale/model_dir_lock.py)."""
+"""One run per model_dir (tfscale/training/model_dir_lock.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY, requires_horovod, run_train
-from tfscale.model_dir_lock import LOCK, acquire, process_start, release
+from tfscale.training.model_dir_lock import LOCK, acquire, process_start, release
 
 
 def _held_by(model_dir: Path, pid: int, host: str = "") -> None:

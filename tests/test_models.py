@@ -15,9 +15,9 @@ import models
 from models.deeplabv3plus import deeplabv3plus
 from models.resnet50 import resnet50
 from models.tiramisu import CONFIGS, PAPER_PARAMS, tiramisu
-from tfscale.config import TrainConfig
-from tfscale.losses import build_loss
-from tfscale.metrics import build_metrics
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.losses import build_loss
+from tfscale.training.metrics import build_metrics
 
 SEGMENTATION = (
     "deeplabv3plus",

@@ -17,8 +17,8 @@ import tensorflow as tf
 from tests.conftest import run_process
 from tests.equivalence import max_abs_diff
 from tfscale.callbacks import optimizer_step
-from tfscale.config import TrainConfig
-from tfscale.optimizers import (
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.optimizers import (
     LARC,
     LARS,
     WarmupDecay,
@@ -252,7 +252,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras
-from tfscale.optimizers import LARC, LARS
+from tfscale.training.optimizers import LARC, LARS
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(32, 5)).astype("float32")

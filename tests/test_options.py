@@ -1,4 +1,5 @@
-"""Plugins' own options (tfscale/options.py): declarations, flags, configs, a dataset's option.
+"""Plugins' own options (tfscale/config/options.py): declarations, flags, configs, a dataset's
+option.
 
 The strategy plugin's option, from an installed package, is tested in test_registry.py.
 """
@@ -10,9 +11,9 @@ import pytest
 from absl import flags
 
 import input_pipelines  # registers the datasets' options
-from tfscale.config import TrainConfig
-from tfscale.flags import argv_from_config, config_from_flags, define_flags
-from tfscale.options import Option, merge
+from tfscale.cli.flags import config_from_flags, define_flags
+from tfscale.config.options import Option, merge
+from tfscale.config.train_config import TrainConfig
 
 
 def parse(*argv: str) -> TrainConfig:
@@ -54,7 +55,7 @@ def test_one_name_declared_twice_differently_is_refused() -> None:
 def test_dataset_option_is_a_flag_refused_with_another_dataset(tmp_path: object) -> None:
     cfg = parse("--synthetic_batches=2")
     assert cfg.options["synthetic_batches"] == 2
-    assert "--synthetic_batches=2" in argv_from_config(cfg)
+    assert "--synthetic_batches=2" in cfg.to_argv()
     values = flags.FlagValues()
     define_flags(values)
     assert ("options of --dataset=synthetic:\n  --synthetic_batches: synthetic: distinct "
@@ -68,7 +69,7 @@ def test_dataset_option_is_a_flag_refused_with_another_dataset(tmp_path: object)
 
 
 def test_synthetic_batches_reach_the_pipeline() -> None:
-    from tfscale.shard import Shard
+    from tfscale.cluster.shard import Shard
 
     build = input_pipelines.PIPELINES.get("synthetic")
 

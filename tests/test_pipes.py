@@ -1,4 +1,4 @@
-"""Output into a pipe whose reader goes away (``| head``), with real pipes (tfscale.output).
+"""Output into a pipe whose reader goes away (``| head``), with real pipes (tfscale.cli.output).
 
 A training run goes on to its end, its output appended to ``MODEL_DIR/train.log``; the
 ``--num_processes`` launcher keeps reading its workers, so the chief never blocks on a full
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.local import _pump
 from tests.conftest import ROOT, TINY, read_results, requires_horovod
 from tests.faults import kill_group, progress, wait_for
+from tfscale.scripts.launcher import _pump
 
 TRAIN = [sys.executable, "-m", "tfscale.train"]
 NOTICE = "the reader of stdout has gone (broken pipe); the run goes on"
@@ -121,7 +121,7 @@ def test_one_process_whose_reader_leaves_trains_to_the_end(one_process: dict[str
 HOLD = """
 import sys
 from pathlib import Path
-from tfscale import output
+from tfscale.cli import output
 output.hold_when_reader_leaves("probe")
 print("before the log is known", flush=True)
 print("to stderr", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""The one owner of "which processes share a node": tfscale.collectives.placement."""
+"""The one owner of "which processes share a node": tfscale.exchange.placement."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT, requires_horovod
 from tests.equivalence import WORKER, assert_replicas_equal, max_abs_diff, reference
-from tfscale.collectives import placement, shared_memory
+from tfscale.exchange import placement, shared_memory
 
 TWO_NODES = [[0, 1], [2, 3]]
 
@@ -74,7 +74,7 @@ def test_shm_domain_differs_in_a_private_dev_shm() -> None:
     probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, check=False)
     if probe.returncode:
         pytest.skip(f"cannot make a mount namespace here: {probe.stderr.decode().strip()}")
-    code = ("from tfscale.collectives.placement import shm_domain; print(shm_domain())")
+    code = ("from tfscale.exchange.placement import shm_domain; print(shm_domain())")
     other = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c",
          f"mount -t tmpfs tmpfs /dev/shm && exec {sys.executable} -c '{code}'"],
@@ -90,7 +90,7 @@ def test_equal_host_names_with_different_dev_shm_stay_off_shared_memory(tmp_path
     (before the domains were compared, both waited for a peer in their own /dev/shm)."""
     if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode:
         pytest.skip("cannot make a mount namespace here (needs root)")
-    from launch.local import horovod_envs
+    from tfscale.scripts.launcher import horovod_envs
 
     envs, server = horovod_envs([("localhost", 2)])
     procs = []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tfscale.precision import Hardware, cpu_info, resolve
+from tfscale.training.precision import Hardware, cpu_info, resolve
 
 EPYC_AVX2 = Hardware("AMD EPYC 7B13", frozenset({"avx", "avx2", "fma"}))
 SAPPHIRE_RAPIDS = Hardware("Intel Xeon Platinum 8480+",

@@ -1,4 +1,4 @@
-"""The exported model for inference (tfscale.export) and ``python -m tfscale.predict``.
+"""The exported model for inference (tfscale.training.export) and ``python -m tfscale.predict``.
 
 One tiny run, trained once for the module: images of two sizes in four named classes,
 converted to TFRecords (the converter re-encodes them as JPEG) and trained with an evaluation
@@ -22,10 +22,11 @@ from input_pipelines.datasets.imagenet import parse
 from input_pipelines.tools import folder_to_tfrecord, stats
 from tests.conftest import run_process
 from tests.pipeline_data import image, seg_sample, write_h5
-from tfscale import trainer
-from tfscale.config import TrainConfig
-from tfscale.export import export_inference
-from tfscale.shard import Shard
+from tfscale.cli import plugins
+from tfscale.cluster.shard import Shard
+from tfscale.config.train_config import TrainConfig
+from tfscale.training import trainer
+from tfscale.training.export import export_inference
 
 CLASSES = ["ant", "bee", "cat", "dog"]
 SIZES = [(20, 24), (30, 22)]  # (height, width): neither square nor the trained 16
@@ -57,7 +58,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert folder_to_tfrecord.main([
         "--input_dir", str(root / "png"), "--output_dir", str(root / "records"),
         "--shards", "2", "--validation_shards", "1", "--workers", "1"]) == 0
-    trainer.run(run_config(root / "records", root / "run"))
+    config = run_config(root / "records", root / "run")
+    trainer.run(config, plugins.parts(config))
     return {"root": root, "records": root / "records", "run": root / "run"}
 
 
@@ -115,8 +117,9 @@ def test_predict_refuses_bad_input_in_one_line(trained: dict[str, Path],
                                                tmp_path: Path) -> None:
     # A run on generated data exports nothing, and predict says so.
     synthetic = tmp_path / "synthetic"
-    trainer.run(TrainConfig(model="tiny_cnn", image_size=16, num_classes=4, batch_size=4,
-                            steps=1, epochs=1, tensorboard=False, model_dir=str(synthetic)))
+    config = TrainConfig(model="tiny_cnn", image_size=16, num_classes=4, batch_size=4, steps=1,
+                         epochs=1, tensorboard=False, model_dir=str(synthetic))
+    trainer.run(config, plugins.parts(config))
     assert (synthetic / "model.keras").exists() and not (synthetic / "export").exists()
     good = next((trained["root"] / "png" / "validation").rglob("*.png"))
     not_image = tmp_path / "notes.png"

@@ -1,4 +1,5 @@
-"""``tfscale.prepare()`` and ``tfscale.setup()`` (tfscale/_prepare.py): users' scripts get what
+"""``tfscale.prepare()`` and ``tfscale.setup()`` (tfscale/scripts/prepare.py): users' scripts get
+what
 ``tfscale.train`` gets, through the same code path.
 
 The unit tests run in this process under the default strategy, given explicitly (no process
@@ -19,11 +20,12 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import TINY, requires_horovod, run_process, run_train
-from tfscale import _prepare
-from tfscale.config import TrainConfig
-from tfscale.shard import Shard
+from tfscale.cluster.shard import Shard
+from tfscale.config.train_config import TrainConfig
+from tfscale.scripts import prepare as _prepare
 from tfscale.strategies import create
-from tfscale.strategies.environment import launched_strategy
+from tfscale.strategies.launched import launched_strategy
+from tfscale.training import features
 
 
 @pytest.mark.parametrize(("environ", "expected"), [
@@ -159,7 +161,7 @@ def test_shards_datasets_and_arrays_evenly() -> None:
 
 def _checkpoint(directory: Path) -> dict[str, np.ndarray]:
     """The newest checkpoint's entries by variable path."""
-    from tfscale.checkpointing import CheckpointManager
+    from tfscale.training.checkpointing import CheckpointManager
 
     manager = CheckpointManager(directory)
     meta, arrays = manager.read(manager.steps()[0])
@@ -226,4 +228,4 @@ def test_refuses_a_model_built_outside_a_tf_distribute_scope() -> None:
     config = TrainConfig(model="net", strategy="multiworker")
     with pytest.raises(ValueError, match=r"^tfscale.prepare: model 'net' was built outside "
                        r"--strategy=multiworker's scope: call tfscale.setup\(\) before"):
-        _prepare._check_model(_model(), config, Stub())  # type: ignore[arg-type]
+        features._check_model(_model(), config, Stub())  # type: ignore[arg-type]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY, read_results, requires_horovod, run_train
-from tfscale import plugins
-from tfscale.config import TrainConfig
+from tfscale.cli import plugins
+from tfscale.config.train_config import TrainConfig
 from tfscale.strategies.ddl import DDLStrategy
 from tfscale.strategies.horovod import HorovodStrategy
 

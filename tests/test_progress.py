@@ -18,8 +18,8 @@ from tfscale.callbacks import ProgressLogger, StepSummaries, ThroughputMeter
 from tfscale.callbacks import progress as progress_module
 from tfscale.callbacks import throughput as throughput_module
 from tfscale.callbacks.progress import Window
-from tfscale.durations import clock
-from tfscale.results import describe_final_loss
+from tfscale.training.durations import clock
+from tfscale.training.results import describe_final_loss
 
 
 class Run:

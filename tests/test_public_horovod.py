@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import horovodrun, requires_horovod, run_process
 from tests.equivalence import load_weights, max_abs_diff
 from tests.workers.hvd_keras_fit import ACCUMULATE_BATCH, accumulation_data, dense_model
-from tfscale.collectives import horovod as runtime
+from tfscale.exchange import horovod_runtime as runtime
 from tfscale.horovod import callbacks as hvd_callbacks
 
 WORKER = [sys.executable, "-m", "tests.workers.hvd_keras_fit"]

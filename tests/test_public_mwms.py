@@ -23,8 +23,8 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
 import tfscale.multiworker as mwms
-from launch.local import supervise, tf_config_envs
 from tests.equivalence import load_weights, max_abs_diff
+from tfscale.scripts.launcher import supervise, tf_config_envs
 from tfscale.strategies.multiworker import MultiWorkerStrategy
 
 WORKER = [sys.executable, "-m", "tests.workers.mwms_fit"]

@@ -1,5 +1,5 @@
 """Choosing --dataset from what --data_dir holds, and refusing a --data_dir nothing reads
-(input_pipelines/core/recognize.py, the registry's recognize hook, tfscale.plugins)."""
+(input_pipelines/core/recognize.py, the registry's recognize hook, tfscale.cli.plugins)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from absl import flags
 
 import input_pipelines
 from input_pipelines.core.tfrecord_scan import masked_crc32c
-from tfscale import plugins
-from tfscale.config import TrainConfig
-from tfscale.flags import config_from_flags, define_flags
+from tfscale.cli import plugins
+from tfscale.cli.flags import config_from_flags, define_flags
+from tfscale.config.train_config import TrainConfig
 
 
 def _tfrecord(path: Path, payload: bytes = b"example") -> None:
@@ -124,3 +124,56 @@ def test_a_plugin_dataset_adds_its_own_recognizer(blobs: None, tmp_path: Path) -
     with pytest.raises(ValueError, match="could be read by several datasets .*give --dataset, "
                                          "one of: imagenet, test_blobs"):
         _config(f"--data_dir={tmp_path}")
+
+
+def _environment(path: Path) -> None:
+    """An LMDB environment, as far as names go (an empty ``data.mdb``)."""
+    path.mkdir(parents=True)
+    (path / "data.mdb").write_bytes(b"")
+
+
+READERS = ("image_folder", "imagenet", "lmdb", "segmentation_h5", "segmentation_tfrecord")
+SPLIT_LAYOUTS: dict[str, tuple[Callable[[Path], None], set[str]]] = {
+    # layout: (make it, the datasets whose has_validation rule finds a validation split there)
+    "validation_shards": (lambda d: _tfrecord(d / "validation-00000-of-00001"),
+                          {"imagenet", "segmentation_h5", "segmentation_tfrecord"}),
+    "validation_folder": (lambda d: (d / "validation").mkdir(), set(READERS)),
+    "caffe_validation_environment": (lambda d: _environment(d / "digits_val_lmdb"), {"lmdb"}),
+    "caffe_name_without_environment": (lambda d: (d / "digits_val_lmdb").mkdir(), set()),
+    "training_only": (lambda d: _tfrecord(d / "train-00000-of-00001"), set()),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(SPLIT_LAYOUTS))
+def test_each_dataset_decides_its_validation_split(layout: str, tmp_path: Path) -> None:
+    make, finders = SPLIT_LAYOUTS[layout]
+    make(tmp_path)
+    found = {name for name in READERS
+             if input_pipelines.has_validation_split(str(tmp_path), name)}
+    assert found == finders
+    # Asked without a dataset (a caller that does not know it): any dataset's rule.
+    assert input_pipelines.has_validation_split(str(tmp_path)) == bool(finders)
+    assert not input_pipelines.has_validation_split(str(tmp_path), "synthetic")
+    assert not input_pipelines.has_validation_split("", "imagenet")
+
+
+def test_each_dataset_lists_the_files_its_builder_reads(tmp_path: Path) -> None:
+    def files(name: str, data_dir: Path, split: str = "train") -> list[str]:
+        return [str(Path(p).relative_to(data_dir))
+                for p in input_pipelines.dataset_files(name, str(data_dir), split)]
+
+    _class_folders(tmp_path / "folders")
+    (tmp_path / "folders" / "train" / "cat" / "notes.txt").write_text("not an image")
+    assert files("image_folder", tmp_path / "folders") == ["train/cat/1.png", "train/dog/1.png"]
+    for env in ("x_train_lmdb", "x_val_lmdb"):
+        _environment(tmp_path / "lmdb" / env)
+    assert files("lmdb", tmp_path / "lmdb", "validation") == ["x_val_lmdb/data.mdb"]
+    _h5(tmp_path / "h5")
+    (tmp_path / "h5" / "train" / "README.rst").write_text("not a sample file")
+    assert files("segmentation_h5", tmp_path / "h5") == ["train/a.h5"]
+    _manifest(tmp_path / "shards", "classification")
+    assert files("imagenet", tmp_path / "shards") == ["train-00000-of-00001.tfrecord"]
+    with pytest.raises(ValueError, match="has no validation files"):
+        files("imagenet", tmp_path / "shards", "validation")
+    with pytest.raises(ValueError, match="--dataset=synthetic generates its data"):
+        files("synthetic", tmp_path)

@@ -1,4 +1,4 @@
-"""Activation recomputation (``--recompute``, :mod:`tfscale.recompute`).
+"""Activation recomputation (``--recompute``, :mod:`tfscale.training.recompute`).
 
 Recomputation must change nothing but memory: the gradients, the batch-norm moving statistics
 and the dropout seed states after a step equal those without it, and the recomputation really
@@ -19,10 +19,11 @@ from keras import layers
 
 import models
 from tests.conftest import read_results, requires_horovod, run_train
-from tfscale import trainer
-from tfscale.config import TrainConfig
-from tfscale.optimizers import accumulate_gradients
-from tfscale.recompute import recompute_blocks
+from tfscale.cli import plugins
+from tfscale.config.train_config import TrainConfig
+from tfscale.training import trainer
+from tfscale.training.optimizers import accumulate_gradients
+from tfscale.training.recompute import recompute_blocks
 
 SIZES = {"resnet50_tiny": 32, "deeplabv3plus_tiny": 32, "tiramisu_tiny": 16}
 
@@ -167,7 +168,7 @@ def test_trainer_run_saves_a_plain_model(tmp_path: Path) -> None:
     config = TrainConfig(model="resnet50_tiny", dataset="synthetic", image_size=32,
                          num_classes=3, batch_size=2, steps=2, log_every=1, recompute=True,
                          tensorboard=False, model_dir=str(tmp_path))
-    results = trainer.run(config)
+    results = trainer.run(config, plugins.parts(config))
     assert np.isfinite(results["final_loss"])
     saved = keras.models.load_model(tmp_path / "model.keras")
     assert "call" not in vars(saved)

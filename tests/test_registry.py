@@ -13,7 +13,7 @@ import pytest
 import input_pipelines
 import models
 from tests.conftest import ROOT, read_results, run_process
-from tfscale.registry import Registry, UnknownNameError
+from tfscale.config.registry import Registry, UnknownNameError
 
 
 def install(site: Path, package: str, files: dict[str, str], entry_points: str) -> None:
@@ -51,7 +51,7 @@ def test_builtin_plugins_are_registered() -> None:
 
 
 def test_third_party_strategy_registers() -> None:
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
     from tfscale.strategies import STRATEGIES, SingleProcessStrategy, create, register
 
     class Mine(SingleProcessStrategy):
@@ -86,7 +86,7 @@ def test_strategy_from_an_installed_package_entry_point(
 
 
 ACME = '''"""Acme's strategies: a Horovod one and a TF_CONFIG one, named by entry points only."""
-from tfscale.options import Option
+from tfscale.config.options import Option
 from tfscale.strategies.horovod import HorovodStrategy
 from tfscale.strategies.multiworker import MultiWorkerStrategy
 
@@ -111,7 +111,7 @@ class AcmeWorkers(MultiWorkerStrategy):
 WORKER = """
 import json, sys
 from absl import flags
-from tfscale.flags import argv_from_config, config_from_flags, define_flags
+from tfscale.cli.flags import config_from_flags, define_flags
 from tfscale.strategies import create
 from acme_strategies import SPREAD
 values = flags.FlagValues()
@@ -119,7 +119,7 @@ define_flags(values)
 values(["train", *sys.argv[1:]])
 strategy = create(config_from_flags(values))
 print(json.dumps({"spread": SPREAD.of(strategy.config), "class": type(strategy).__name__,
-                  "argv": argv_from_config(strategy.config), "help": values.get_help()}))
+                  "argv": strategy.config.to_argv(), "help": values.get_help()}))
 """
 
 
@@ -142,7 +142,7 @@ def test_plugin_strategy_gets_job_scripts_from_its_class(tmp_path: Path,
 
     job = tmp_path / "job"
     workers = ("--", "--strategy=acme_workers", "--model=mlp")
-    for launcher, line in (("slurm", "-m tfscale.cluster_env --tf_config"),
+    for launcher, line in (("slurm", "-m tfscale.cli.tf_config --tf_config"),
                            ("lsf", '--smpiargs="off"')):
         proc = jobscript(launcher, "--nodes=2", "--gpus_per_node=4", "-o", str(job), *workers)
         assert proc.returncode == 0, proc.stderr
@@ -151,8 +151,8 @@ def test_plugin_strategy_gets_job_scripts_from_its_class(tmp_path: Path,
         assert line in text and "mpi_built" not in text and "--mpi=" not in text
     refused = jobscript("horovodrun", "-H", "a:2,b:2", *workers)
     assert refused.returncode == 2
-    assert ("horovodrun cannot start --strategy=acme_workers jobs; it starts acme_hvd, ddl, "
-            "horovod jobs") in refused.stderr
+    assert ("horovodrun cannot start --strategy=acme_workers jobs (its ranks meet through "
+            "tf_config); it starts acme_hvd, ddl, horovod jobs") in refused.stderr
     proc = jobscript("slurm", "--nodes=2", "--gpus_per_node=4", "--fusion_threshold_mb=8",
                      "-o", str(job), "--", "--strategy=acme_hvd")
     assert proc.returncode == 0, proc.stderr
@@ -219,7 +219,7 @@ def test_plugin_strategy_trains_with_num_processes(tmp_path: Path,
 
 
 def test_lazy_registry_loads_builtin_plugins_on_first_lookup() -> None:
-    from tfscale.registry import Registry
+    from tfscale.config.registry import Registry
 
     loads = []
     registry: Registry[int] = Registry("thing", lambda: loads.append(registry.add("a", 1, "one")))

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch.local import horovod_envs, tf_config_envs
 from tests.conftest import ROOT, TINY, read_results, requires_horovod, run_process, run_train
 from tests.faults import TRAIN, kill_group, long_run_flags, progress, started, wait_for, worker_pids
-from tfscale.checkpointing import CheckpointManager
-from tfscale.events import read_events
+from tfscale.scripts.launcher import horovod_envs, tf_config_envs
+from tfscale.training.checkpointing import CheckpointManager
+from tfscale.training.events import read_events
 
 pytestmark = pytest.mark.slow
 MULTI = [pytest.param("horovod", marks=requires_horovod),
@@ -164,7 +164,7 @@ def test_corrupt_latest_checkpoint_falls_back_through_the_cli(tmp_path: Path) ->
 FULL_DISK = """
 import resource, signal, sys
 import keras, numpy as np
-from tfscale.checkpointing import CheckpointManager
+from tfscale.training.checkpointing import CheckpointManager
 manager = CheckpointManager(sys.argv[1])
 variables = [keras.Variable(np.ones((64, 64), "float32"))]
 manager.save(1, variables)

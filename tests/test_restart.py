@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import TINY, read_results, requires_horovod, run_train
 from tests.faults import TRAIN, started, wait_for, worker_pids
-from tfscale.checkpointing import CheckpointManager
-from tfscale.events import read_events
+from tfscale.training.checkpointing import CheckpointManager
+from tfscale.training.events import read_events
 
 pytestmark = [pytest.mark.slow, requires_horovod]
 STEPS = 200

@@ -1,4 +1,4 @@
-"""``tfscale-run`` (tfscale/run.py) with a plain script that only reports what it was given:
+"""``tfscale-run`` (tfscale/cli/run.py) with a plain script that only reports what it was given:
 the workers' variables, rank prefixes, a failing worker, restarts, forwarded signals, the
 cluster-launcher mode and bad usage. Each run takes about a second (no TensorFlow)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, requires_horovod, run_process
 from tests.faults import kill_group, wait_for
-from tfscale import run
+from tfscale.cli import run
 
 PROBE = ROOT / "tests" / "workers" / "run_probe.py"
 ENV = {"PYTHONPATH": str(ROOT)}

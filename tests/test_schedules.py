@@ -8,8 +8,8 @@ from typing import Any
 import keras
 import pytest
 
-from tfscale.config import TrainConfig
-from tfscale.optimizers import WarmupDecay, build_schedule
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.optimizers import WarmupDecay, build_schedule
 
 
 def values(schedule: WarmupDecay, steps: list[int]) -> list[float]:

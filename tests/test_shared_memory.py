@@ -1,4 +1,4 @@
-"""The shared-memory node exchange (tfscale.collectives.shared_memory) between real processes,
+"""The shared-memory node exchange (tfscale.exchange.shared_memory) between real processes,
 and how the ddl strategy chooses it."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tfscale.collectives import shared_memory
-from tfscale.collectives.hierarchical import HierarchicalAllReduce, Topology, node_exchange
-from tfscale.collectives.shared_memory import NodeExchange, PeerTimeout
-from tfscale.errors import describe_peer_failure
+from tfscale.config.errors import describe_peer_failure
+from tfscale.exchange import shared_memory
+from tfscale.exchange.hierarchical import HierarchicalAllReduce, Topology, open_shared_memory
+from tfscale.exchange.shared_memory import PeerTimeout, SharedMemoryGroup
 
 # Calls of several tensors of one dtype, in shapes that do not fill whole cache lines: a scalar,
 # an empty tensor, odd sizes; the float32 list comes back in the last call.
@@ -33,7 +33,7 @@ def inputs(index: int) -> list[list[np.ndarray]]:
 
 
 def _process(index: int, size: int, directory: str, queue: Any) -> None:
-    exchange = NodeExchange("test", index, size, timeout_s=60, directory=Path(directory))
+    exchange = SharedMemoryGroup("test", index, size, timeout_s=60, directory=Path(directory))
     # Copies: the results are views of buffers the exchange reuses.
     outs = [[o.copy() for o in exchange.all_reduce(*x)] for x in inputs(index)]
     # The two halves, as the multi-node path uses them: here the chunk doubled in between
@@ -99,7 +99,7 @@ def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
 
 def test_host_all_reduce_takes_shared_memory_only_when_the_job_is_one_node(
         tmp_path: Path) -> None:
-    node = NodeExchange("host", 0, 1, directory=tmp_path)
+    node = SharedMemoryGroup("host", 0, 1, directory=tmp_path)
     one = HierarchicalAllReduce.on_one_node(node)
     assert one.one_node_shared_memory
     np.testing.assert_array_equal(one.host_all_reduce([1.0, -2.0], "max"), [1.0, -2.0])
@@ -113,7 +113,7 @@ def test_host_all_reduce_takes_shared_memory_only_when_the_job_is_one_node(
 
 
 def test_transient_results_are_aligned_views_of_two_alternating_buffers(tmp_path: Path) -> None:
-    exchange = NodeExchange("one", 0, 1, directory=tmp_path)
+    exchange = SharedMemoryGroup("one", 0, 1, directory=tmp_path)
     x = [np.arange(3, dtype=np.float32), np.ones((2, 2), np.float32)]
     first = exchange.all_reduce(*x, copy=False)
     second = exchange.all_reduce(*x, divisor=2, copy=False)
@@ -138,7 +138,7 @@ def test_transient_results_are_aligned_views_of_two_alternating_buffers(tmp_path
 
 
 def test_a_missing_peer_raises_naming_it(tmp_path: Path) -> None:
-    exchange = NodeExchange("alone", 0, 2, timeout_s=0.3, directory=tmp_path, ranks=(4, 5))
+    exchange = SharedMemoryGroup("alone", 0, 2, timeout_s=0.3, directory=tmp_path, ranks=(4, 5))
     with pytest.raises(PeerTimeout, match=r"rank\(s\) \[5\] \(local process\(es\) \[1\]\) of "
                                           r"this node did not map .* within 0.3 s \(a peer died "
                                           r"or stalled\)") as err:
@@ -157,7 +157,7 @@ def test_available_only_on_x86_64_with_a_writable_directory(
 
 
 class _FakeHorovod:
-    """The collectives node_exchange runs, as in a job whose every process is this one:
+    """The collectives open_shared_memory runs, as in a job whose every process is this one:
     rank 0's token (here this process's) and the sum of the shared-memory domains (here
     this process's domain in every row)."""
 
@@ -194,7 +194,7 @@ def test_node_exchange_choice(layout: tuple[int, int], mode: str, machine: str, 
     monkeypatch.setattr(shared_memory.platform, "machine", lambda: machine)
     hvd = _FakeHorovod()
     topology = Topology.regular(layout[0] * layout[1], layout[1], rank=1)
-    exchange, plan = node_exchange(hvd, topology, mode)
+    exchange, plan = open_shared_memory(hvd, topology, mode)
     assert (exchange is not None) == chosen == plan.shared_memory
     assert hvd.broadcasts == 1, "every process joins the token's broadcast, whatever it chooses"
     assert hvd.allreduces == 1, "and the gathering of the shared-memory domains"
@@ -207,11 +207,11 @@ def test_shared_memory_is_refused_where_it_cannot_work(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="--node_exchange=shared_memory cannot run here: "
                                          "this aarch64 processor .* use --node_exchange="
                                          "collectives"):
-        node_exchange(_FakeHorovod(), Topology.regular(2, 2, rank=0), "shared_memory")
+        open_shared_memory(_FakeHorovod(), Topology.regular(2, 2, rank=0), "shared_memory")
 
 
 def _exchange_once(index: int, size: int, directory: str) -> None:
-    NodeExchange("gone", index, size, timeout_s=60, directory=Path(directory)).all_reduce(
+    SharedMemoryGroup("gone", index, size, timeout_s=60, directory=Path(directory)).all_reduce(
         np.ones(4, np.float32))
 
 
@@ -220,7 +220,7 @@ def test_a_peer_that_exited_is_reported_at_once_not_after_the_timeout(tmp_path: 
     peer = context.Process(target=_exchange_once, args=(1, 2, str(tmp_path)))
     peer.start()
     try:
-        exchange = NodeExchange("gone", 0, 2, timeout_s=60, directory=tmp_path)
+        exchange = SharedMemoryGroup("gone", 0, 2, timeout_s=60, directory=tmp_path)
         exchange.all_reduce(np.ones(4, np.float32))
         start = time.monotonic()
         with pytest.raises(PeerTimeout, match=rf"rank\(s\) \[1\] \(local process\(es\) \[1\]\) "
@@ -235,7 +235,7 @@ def test_a_peer_that_exited_is_reported_at_once_not_after_the_timeout(tmp_path: 
 
 
 def test_horovod_takes_shared_memory_only_on_one_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
     from tfscale.strategies.horovod import HorovodStrategy
 
     monkeypatch.setattr(shared_memory.platform, "machine", lambda: "x86_64")
@@ -270,7 +270,7 @@ def test_horovod_takes_shared_memory_only_on_one_node(monkeypatch: pytest.Monkey
 def test_multiworker_takes_shared_memory_only_with_equal_nodes() -> None:
     import tensorflow as tf
 
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
     from tfscale.strategies.multiworker import MultiWorkerStrategy
 
     def reduction(mode: str, workers: list[str], xla: str = "off") -> Any:

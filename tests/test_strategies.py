@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from launch.local import supervise, tf_config_envs
 from tests.conftest import (
     TINY,
     assert_exchange_share_logged,
@@ -19,6 +18,7 @@ from tests.conftest import (
     run_train,
 )
 from tests.equivalence import WORKER, assert_replicas_equal, load_weights, max_abs_diff, reference
+from tfscale.scripts.launcher import supervise, tf_config_envs
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,7 @@ def test_multiworker_rejects_malformed_tf_config(tmp_path: Path) -> None:
 
 
 def test_multiworker_cluster_from_simulated_slurm_step(tmp_path: Path) -> None:
-    from launch.local import free_ports
+    from tfscale.scripts.launcher import free_ports
 
     slurm = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
              "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NTASKS": "2",
@@ -158,7 +158,7 @@ ONE_NODE, TWO_NODES, ALONE = (2, 2), (4, 2), (1, 1)
 def test_horovod_cycle_time_default_fits_cpu_steps(
         flag: float, preset: str | None, gpu: bool, sync_bn: bool, layout: tuple[int, int],
         extra: dict[str, Any], expected: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
     from tfscale.strategies import horovod
     from tfscale.strategies.ddl import DDLStrategy
 
@@ -182,9 +182,9 @@ def test_one_worker_runs_under_the_default_strategy(monkeypatch: pytest.MonkeyPa
     # collectives on a group of one cost 23% of an mlp step), and Keras is left unpatched.
     import tensorflow as tf
 
-    from tfscale import multiworker as keras_fix
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
     from tfscale.strategies import create, running
+    from tfscale.strategies import keras_multiworker as keras_fix
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.warns(UserWarning, match="without TF_CONFIG runs as a single worker"), \

@@ -35,15 +35,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tfscale", "models", "input_pipelines", "launch")
-# The entry points that assemble a run from the registries; the rest of the core stays below.
-# tfscale.predict reads images as the pipelines do (their file types and first bytes);
-# tfscale.run (tfscale-run) starts users' scripts with launch.local's supervision.
-ASSEMBLERS = {"tfscale.train", "tfscale.trainer", "tfscale.plugins", "tfscale.sweep",
-              "tfscale.predict", "tfscale.run"}
-ABOVE_CORE = ("models", "input_pipelines", "launch")
-# The collectives layer is the bottom: strategies, callbacks and users' scripts sit on it.
-ABOVE_COLLECTIVES = ("tfscale.strategies", "tfscale.callbacks", "tfscale.trainer",
-                     "tfscale.horovod", "tfscale.train", "tfscale.plugins")
+# What tfscale trains (the model zoo, the input pipelines) sits above it, and so do the job
+# scripts (launch): only the commands import the zoo and the pipelines, to hand the trainer what
+# it trains (tfscale.cli.plugins.parts), and nothing in tfscale imports launch.
+COMMANDS = "tfscale.cli"
+TRAINED = ("models", "input_pipelines")
+# The packages of tfscale by role, and the others each may import (its own always): the
+# architecture, from the bottom up. tfscale.cli, the commands, may import all of them.
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "tfscale.cluster": (),  # who am I, who are my peers, where do I run
+    "tfscale.config": (),  # options, registries, the frozen config: data modules
+    "tfscale.exchange": ("tfscale.cluster", "tfscale.config"),  # what moves gradients
+    # Strategies hand out their own callbacks (broadcast, metric averaging, DDL's pair).
+    "tfscale.strategies": ("tfscale.cluster", "tfscale.config", "tfscale.exchange",
+                           "tfscale.callbacks"),
+    "tfscale.callbacks": ("tfscale.cluster", "tfscale.config", "tfscale.exchange",
+                          "tfscale.training"),
+    "tfscale.training": ("tfscale.cluster", "tfscale.config", "tfscale.exchange",
+                         "tfscale.strategies", "tfscale.callbacks"),
+    "tfscale.forecast": ("tfscale.config", "tfscale.training"),
+    # What users' scripts import, and its public faces.
+    "tfscale.scripts": ("tfscale.cluster", "tfscale.config", "tfscale.exchange",
+                        "tfscale.strategies", "tfscale.callbacks", "tfscale.training"),
+    "tfscale.horovod": ("tfscale.cluster", "tfscale.exchange", "tfscale.callbacks",
+                        "tfscale.scripts"),
+    "tfscale.multiworker": ("tfscale.strategies",),
+}
+# tfscale's own __init__: the public face (lazily) and the old names of moved modules.
+TOP = ("tfscale.config", "tfscale.scripts")
 
 Graph = dict[str, dict[str, bool]]  # importer -> imported -> the import only type-checks
 
@@ -247,24 +266,64 @@ def test_no_import_cycle(graph: Graph) -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-def test_core_imports_upper_layers_only_from_entry_points(graph: Graph) -> None:
+def _role(module: str) -> str:
+    """The package of tfscale a module belongs to (``tfscale`` for its ``__init__``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "tfscale" else parts[0]
+
+
+def test_only_the_commands_import_what_tfscale_trains_and_none_imports_launch(
+        graph: Graph) -> None:
     bad = sorted(f"{m} imports {t}" for m, to in graph.items() for t in to
-                 if _under(m, "tfscale") and m not in ASSEMBLERS
-                 and any(_under(t, p) for p in ABOVE_CORE))
-    assert not bad, (f"only {sorted(ASSEMBLERS)} may import {ABOVE_CORE}:\n" + "\n".join(bad))
+                 if _under(m, "tfscale") and (
+                     _under(t, "launch")
+                     or (any(_under(t, p) for p in TRAINED) and not _under(m, COMMANDS))))
+    assert not bad, (f"only {COMMANDS} may import {TRAINED}, and nothing in tfscale imports "
+                     "launch:\n" + "\n".join(bad))
 
 
-def test_collectives_layer_imports_nothing_above_it(graph: Graph) -> None:
-    layer = [m for m in graph if _under(m, "tfscale.collectives")]
-    assert layer, "tfscale/collectives/ is missing"
-    bad = sorted(f"{m} imports {t}" for m in layer for t in graph[m]
-                 if any(_under(t, p) for p in ABOVE_COLLECTIVES + ABOVE_CORE))
-    assert not bad, "the collectives layer must stay at the bottom:\n" + "\n".join(bad)
+def test_every_package_of_tfscale_imports_only_what_its_role_allows(graph: Graph) -> None:
+    roles = {_role(m) for m in graph if _under(m, "tfscale")}
+    assert roles == {*MAY_IMPORT, COMMANDS, "tfscale"}, (
+        f"packages of tfscale without a role here: {sorted(roles - {*MAY_IMPORT, COMMANDS})}")
+    bad = []
+    for module, targets in graph.items():
+        role = _role(module)
+        # A package's __main__ (python -m tfscale.forecast) hands over to its command.
+        if not _under(module, "tfscale") or role == COMMANDS or module.endswith(".__main__"):
+            continue
+        allowed = TOP if role == "tfscale" else MAY_IMPORT[role]
+        bad += [f"{module} imports {t}" for t in targets
+                if _under(t, "tfscale") and _role(t) not in (role, *allowed)]
+    assert not bad, "an import across the layers of tfscale:\n" + "\n".join(sorted(bad))
 
 
-def test_collectives_layer_imports_no_tensorflow_keras_or_horovod() -> None:
+def test_tfscale_top_level_is_the_public_face() -> None:
+    entries = sorted(p.name for p in (ROOT / "tfscale").iterdir()
+                     if p.name != "__pycache__" and (p.suffix == ".py" or p.is_dir()))
+    assert len(entries) <= 12, entries
+    assert entries == ["__init__.py", "callbacks", "cli", "cluster", "config", "exchange",
+                       "forecast", "horovod", "multiworker.py", "scripts", "strategies",
+                       "training"], entries
+
+
+def test_entry_points_live_in_the_commands_package() -> None:
+    # A module that runs as a command (``if __name__ == "__main__"``, absl's ``app.run``) is
+    # one of tfscale.cli's; elsewhere only a package's ``__main__`` hands over to it.
+    found = []
+    for path in sorted((ROOT / "tfscale").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if _under(module, COMMANDS) or path.name == "__main__.py":
+            continue
+        text = path.read_text()
+        if '__name__ == "__main__"' in text or "app.run(" in text:
+            found.append(module)
+    assert not found, f"entry points outside {COMMANDS}: {found}"
+
+
+def test_exchange_cluster_and_config_import_no_tensorflow_keras_or_horovod() -> None:
     # Reading a strategy class (for --help, job scripts) must not load TensorFlow.
-    code = ("import sys, tfscale.collectives, tfscale.shard; "
+    code = ("import sys, tfscale.exchange, tfscale.cluster.shard, tfscale.config.train_config; "
             "print(sorted(m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
@@ -280,23 +339,34 @@ NAME_FREE = ("tfscale", "launch", "models", "input_pipelines")
 def _strategy_name_literals(root: Path, names: set[str]) -> list[str]:
     """``path:line: 'name'`` for each string constant equal to one of ``names`` in the Python
     files under ``NAME_FREE`` (``tfscale/strategies/`` excepted: the strategies name
-    themselves there, and export constants such as ``DEFAULT_STRATEGY`` for the others)."""
+    themselves there, and export constants such as ``DDL_STRATEGY`` for the others). One
+    declaration outside is the config's: the default of ``--strategy``
+    (``DEFAULT_STRATEGY = ...``, which that strategy registers itself under)."""
     found = []
     for package in NAME_FREE:
         for path in sorted((root / package).rglob("*.py")):
             relative = path.relative_to(root)
             if relative.parts[:2] == ("tfscale", "strategies"):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Constant) and node.value in names:
+            tree = ast.parse(path.read_text(), str(path))
+            default = {id(node.value) for node in ast.walk(tree)
+                       if isinstance(node, ast.Assign) and relative == CONFIG_MODULE
+                       and [getattr(t, "id", "") for t in node.targets] == ["DEFAULT_STRATEGY"]}
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Constant) and node.value in names
+                        and id(node) not in default):
                     found.append(f"{relative}:{node.lineno}: {node.value!r}")
     return found
+
+
+CONFIG_MODULE = Path("tfscale", "config", "train_config.py")
 
 
 def test_strategy_name_finder_sees_literals_outside_the_strategies(tmp_path: Path) -> None:
     files = {"launch/jobs/lsf.py": 'if strategy == "multiworker":\n    pass\n',
              "tfscale/strategies/mine.py": 'NAME = "multiworker"\n',
-             "tfscale/config.py": 'HELP = "--strategy=multiworker runs a process per worker"\n'}
+             "tfscale/config/train_config.py":
+                 'HELP = "--strategy=multiworker runs a process per worker"\n'}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -318,11 +388,11 @@ def test_strategies_and_job_scripts_load_no_tensorflow(tmp_path: Path) -> None:
     code = f"""
 import sys
 from launch.jobscript import main
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 from tfscale.strategies import STRATEGIES
 for name in STRATEGIES.names():
     cls = STRATEGIES.get(name)
-    cls.multi_process(), cls.flags(), cls.job_launchers, cls.one_rank_per_gpu
+    cls.multi_process(), cls.flags(), cls.rendezvous, cls.one_rank_per_gpu
     cls.environment(TrainConfig(strategy=name, fusion_threshold_mb=1))
     if cls.multi_process():
         assert main(["slurm", "--nodes=2", "-o", {str(tmp_path / "job")!r}, "--",

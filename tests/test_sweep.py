@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY, requires_horovod, run_process
-from tfscale import sweep_report
-from tfscale.sweep import Point, outcome, parse_grid
+from tfscale.cli import sweep_report
+from tfscale.cli.sweep import Point, outcome, parse_grid
 
 SWEEP = [sys.executable, "-m", "tfscale.sweep"]
 

@@ -27,13 +27,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch.local import supervise, tf_config_envs
 from models.small import tiny_cnn
 from tests.conftest import TINY, horovodrun, read_results, requires_horovod, run_process, run_train
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
+from tfscale.scripts.launcher import supervise, tf_config_envs
 from tfscale.strategies.base import replica_groups
 from tfscale.strategies.default import DefaultStrategy
-from tfscale.sync_bn import batch_norm_layers, synchronize_batch_norm, synchronize_under_strategy
+from tfscale.training.sync_bn import (
+    batch_norm_layers,
+    synchronize_batch_norm,
+    synchronize_under_strategy,
+)
 
 WORKER = [sys.executable, "-m", "tests.workers.sync_bn"]
 TOL = 1e-5

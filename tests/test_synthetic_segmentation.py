@@ -12,7 +12,7 @@ import input_pipelines
 from input_pipelines.core import synthetic_fields as synth
 from input_pipelines.registry import Shard
 from input_pipelines.tools import synthetic_h5
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 SIZE, CHANNELS, CLASSES = 48, 16, 3
 

@@ -13,9 +13,10 @@ import pytest
 
 from input_pipelines import has_validation_split
 from tests.conftest import TINY, run_train
-from tfscale import events, targets
 from tfscale.callbacks import Evaluation, TargetStop
-from tfscale.config import TrainConfig
+from tfscale.config import targets
+from tfscale.config.train_config import TrainConfig
+from tfscale.training import events
 
 
 def test_parse_directions_and_defaults() -> None:
@@ -140,7 +141,7 @@ def test_event_log_appends_json_lines(tmp_path: Path) -> None:
 def test_evaluation_summaries_write_scalars_at_the_step(tmp_path: Path) -> None:
     import tensorflow as tf
 
-    from tfscale.evaluation import EvaluationSummaries
+    from tfscale.training.evaluation import EvaluationSummaries
 
     write = EvaluationSummaries(tmp_path)
     write({"step": 7, "epoch": 0.5, "seconds": 1.0, "examples": 37,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tfscale.files import write_json_atomic
-from tfscale.results import summary
-from tfscale.trainer import Segment, plan_segments
+from tfscale.training.files import write_json_atomic
+from tfscale.training.results import summary
+from tfscale.training.trainer import Segment, plan_segments
 
 
 @pytest.mark.parametrize(
@@ -59,8 +59,8 @@ def test_gpu_for_local_rank() -> None:
 def test_configure_runtime_sets_tf32_and_cudnn_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
     import tensorflow as tf
 
-    from tfscale.config import TrainConfig
-    from tfscale.trainer import configure_runtime
+    from tfscale.config.train_config import TrainConfig
+    from tfscale.training.trainer import configure_runtime
 
     monkeypatch.delenv("TF_CUDNN_USE_AUTOTUNE", raising=False)
     try:
@@ -94,8 +94,8 @@ def test_uneven_shards_give_every_worker_the_same_epoch(rank: int) -> None:
     9-example one has only 2 batches), or one would wait forever in a collective."""
     from types import SimpleNamespace
 
-    from tfscale.config import TrainConfig
-    from tfscale.trainer import Trainer
+    from tfscale.config.train_config import TrainConfig
+    from tfscale.training.trainer import Trainer
 
     trainer = Trainer.__new__(Trainer)
     trainer.config = TrainConfig(model="mlp", batch_size=4, steps=0, epochs=3,

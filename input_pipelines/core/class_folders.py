@@ -48,6 +48,12 @@ def split_folder(data_dir: str, split: str, flag: str = "--data_dir") -> str:
     raise DataError(f"{flag}={data_dir} has no {split}/ folder of class sub-folders")
 
 
+def has_validation(data_dir: str) -> bool:
+    """True when ``data_dir`` has a ``validation/`` folder (``image_folder``'s
+    ``has_validation=`` rule, see :mod:`input_pipelines.registry`)."""
+    return os.path.isdir(os.path.join(data_dir, "validation"))
+
+
 def class_names(folder: str) -> list[str]:
     """Sorted sub-folder names of ``folder``.
 
@@ -93,6 +99,16 @@ def list_images(data_dir: str, split: str, flag: str = "--data_dir") -> ImageFol
         raise DataError(f"{folder} has no images ({', '.join(IMAGE_SUFFIXES)}) in its class "
                         "folders")
     return ImageFolder(folder, classes, paths, labels, ignored)
+
+
+def image_files(data_dir: str, split: str) -> list[str]:
+    """The image files of ``split`` (``image_folder``'s ``files=`` rule, see
+    :mod:`input_pipelines.registry`).
+
+    Raises:
+        DataError: as :func:`list_images`.
+    """
+    return list_images(data_dir, split).paths
 
 
 def check_signature(path: str) -> None:

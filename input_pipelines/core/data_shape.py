@@ -13,7 +13,7 @@ recorded there). The built-in ones:
   up to :data:`SAMPLE` of the images.
 
 :func:`shapes_from_data` applies them to a config (the entry points hand it to
-:func:`tfscale.flags.config_from_flags`). Each of the three flags not given becomes
+:func:`tfscale.cli.flags.config_from_flags`). Each of the three flags not given becomes
 
 - ``--num_classes``: the number of classes;
 - ``--input_channels``: 1 when every image is grayscale, else 3;
@@ -42,9 +42,10 @@ from input_pipelines.core.image_sizes import ImageSizes
 from input_pipelines.core.manifest import beside, read_json
 from input_pipelines.core.stats import STATS
 from input_pipelines.registry import hook
-from tfscale import config_change, rank_zero
-from tfscale.config import TrainConfig
-from tfscale.options import Option
+from tfscale.cluster import rank_zero
+from tfscale.config.options import Option
+from tfscale.config.train_config import TrainConfig
+from tfscale.training import resume as config_change
 
 FAR = 4  # --image_size more than this factor from every image's sides contradicts the data
 SAMPLE = 64  # image headers read from class folders without a stats.json

@@ -7,6 +7,9 @@ Layouts understood (``SPLIT`` is ``train`` or ``validation``):
 - files directly in ``DATA_DIR`` (no split named): the training split only,
 - a glob such as ``/data/train-*`` or a single file: the training split only.
 
+They are the layout of every dataset that declares no other in its registry entry
+(``files=``, ``has_validation=``; see :mod:`input_pipelines.registry`).
+
 Every failure is a :class:`~input_pipelines.core.errors.DataError` naming the path.
 """
 
@@ -17,7 +20,7 @@ import os
 from collections.abc import Sequence
 
 from input_pipelines.core.errors import DataError
-from tfscale.shard import Shard
+from tfscale.cluster.shard import Shard
 
 # Files that live beside the data but are not data.
 SIDECARS = (".json", ".txt", ".md", ".tmp", ".lock", ".sha256")
@@ -81,6 +84,15 @@ def split_files(data_dir: str, split: str, suffixes: Sequence[str] = (),
         raise DataError(f"{flag}={data_dir} has no {split} files{wanted}: expected "
                         f"{os.path.join(data_dir, split)}-* or {os.path.join(data_dir, split)}/*")
     return files
+
+
+def has_validation_files(data_dir: str) -> bool:
+    """True when ``data_dir`` is a directory holding ``validation-*`` files or a
+    ``validation/`` folder: a validation split in the layouts above (the datasets' default
+    ``has_validation=`` rule, see :func:`input_pipelines.registry.has_validation_split`)."""
+    return os.path.isdir(data_dir) and bool(
+        glob.glob(os.path.join(glob.escape(data_dir), "validation-*"))
+        or os.path.isdir(os.path.join(data_dir, "validation")))
 
 
 def has_split_layout(data_dir: str) -> bool:

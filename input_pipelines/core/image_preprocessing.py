@@ -28,7 +28,7 @@ from input_pipelines.core import report
 from input_pipelines.core.checks import checked_labels, non_finite
 from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for
 from input_pipelines.registry import Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 AREA_RANGE = (0.08, 1.0)
 ASPECT_RANGE = (3 / 4, 4 / 3)

@@ -3,7 +3,7 @@
 A dataset that reads real images or samples says how its validation split turns one into the
 model's input by naming, on its registry entry, ``inference="module:function"``: a function
 ``TrainConfig -> Inference``. The trainer puts that preprocessing in front of the trained model
-when it exports it (:mod:`tfscale.export`), so ``python -m tfscale.predict`` and users'
+when it exports it (:mod:`tfscale.training.export`), so ``python -m tfscale.predict`` and users'
 ``tf.saved_model.load`` give raw pixels and get the predictions evaluation would give.
 
 - :func:`images` (``imagenet``, ``lmdb``): uint8 images of any size, the evaluation crop,
@@ -31,8 +31,8 @@ from input_pipelines.core.manifest import beside
 from input_pipelines.core.preprocessing_choice import preprocessing_for
 from input_pipelines.core.segmentation import required_stats, stats_affine
 from input_pipelines.registry import hook
-from tfscale.config import TrainConfig
-from tfscale.tasks import CLASSIFICATION, SEGMENTATION
+from tfscale.config.tasks import CLASSIFICATION, SEGMENTATION
+from tfscale.config.train_config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ from input_pipelines.core.files import data_root, shard_files
 from input_pipelines.core.manifest import MANIFEST, entries_for
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 DATA_FILE = "data.mdb"
 CAFFE_NAMES = {"train": ("*train*_lmdb",), "validation": ("*val*_lmdb", "*test*_lmdb")}
@@ -90,6 +90,28 @@ def split_environment(data_dir: str, split: str) -> str:
     raise DataError(f"--data_dir={data_dir} has no {split} LMDB environment: expected {named}/"
                     f"{DATA_FILE} (as folder_to_lmdb writes) or {names}/{DATA_FILE} (Caffe's "
                     "names)")
+
+
+def data_files(data_dir: str, split: str) -> list[str]:
+    """The ``data.mdb`` of ``split``'s environment (``lmdb``'s ``files=`` rule, see
+    :mod:`input_pipelines.registry`).
+
+    Raises:
+        DataError: as :func:`split_environment`.
+    """
+    return [os.path.join(split_environment(data_dir, split), DATA_FILE)]
+
+
+def has_validation(data_dir: str) -> bool:
+    """True when ``data_dir`` has a ``validation/`` folder or a validation environment under
+    Caffe's names (``*val*_lmdb``, ``*test*_lmdb``): ``lmdb``'s ``has_validation=`` rule (see
+    :mod:`input_pipelines.registry`). A ``validation/`` folder without ``data.mdb`` counts, so
+    that the run names what is missing instead of training without evaluation."""
+    root = glob.escape(data_dir)
+    caffe = (p for pattern in CAFFE_NAMES["validation"]
+             for p in glob.glob(os.path.join(root, pattern)))
+    return (os.path.isdir(os.path.join(data_dir, "validation"))
+            or any(is_environment(p) for p in caffe))
 
 
 def recognize(data_dir: str) -> str | None:

@@ -18,7 +18,7 @@ stream, so epoch ``e`` sees the same data in every run, every iterator of the da
 same stream, and ``dataset.skip(n)`` resumes exactly. Without it, parallel stages may hand out
 elements as they finish, which is faster. Validation data is read once per iterator, in file
 order, unshuffled and whole, so an evaluation sees each of the worker's examples exactly once
-(:mod:`tfscale.evaluation`); a worker without validation examples gets an empty dataset.
+(:mod:`tfscale.training.evaluation`); a worker without validation examples gets an empty dataset.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from input_pipelines.core.errors import DataError
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 # (path, index of the file's first record in the split, records in the file)
 #   -> dataset of (global record index int64, record)

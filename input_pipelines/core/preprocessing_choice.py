@@ -31,7 +31,7 @@ from typing import Any
 from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import data_root
 from input_pipelines.core.manifest import MANIFEST, read_json
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 LARGE = 128  # images at least this many pixels a side get the ImageNet recipe
 # Per-channel mean and standard deviation of ImageNet pixels scaled to [0, 1].

@@ -16,12 +16,11 @@ from typing import Any
 
 from input_pipelines.core.class_folders import IMAGE_SUFFIXES
 from input_pipelines.core.files import SIDECARS, is_glob
-from input_pipelines.core.lmdb_env import CAFFE_NAMES, is_environment
 from input_pipelines.core.manifest import MANIFEST
 from input_pipelines.core.sample_files import H5_SUFFIXES
 from input_pipelines.core.stats import STATS
 from input_pipelines.core.tfrecord_scan import masked_crc32c
-from tfscale.tasks import CLASSIFICATION, SEGMENTATION
+from tfscale.config.tasks import CLASSIFICATION, SEGMENTATION
 
 
 def _json(path: str) -> dict[str, Any] | None:
@@ -112,17 +111,3 @@ def segmentation_h5(data_dir: str) -> str | None:
     """HDF5 sample files (``segmentation_h5``)."""
     files = [p for p in _training_files(data_dir) if p.lower().endswith(H5_SUFFIXES)]
     return f"{len(files)} HDF5 training file(s)" if files else None
-
-
-def has_validation_split(data_dir: str) -> bool:
-    """True when ``data_dir`` is a directory holding ``validation-*`` files, a ``validation/``
-    folder (the layouts of :mod:`input_pipelines.core.files`), or an LMDB validation
-    environment under Caffe's names (``*val*_lmdb``, ``*test*_lmdb``)."""
-    if not data_dir or not os.path.isdir(data_dir):
-        return False
-    root = glob.escape(data_dir)
-    caffe = (p for pattern in CAFFE_NAMES["validation"]
-             for p in glob.glob(os.path.join(root, pattern)))
-    return bool(glob.glob(os.path.join(root, "validation-*"))
-                or os.path.isdir(os.path.join(data_dir, "validation"))
-                or any(is_environment(p) for p in caffe))

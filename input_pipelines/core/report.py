@@ -11,7 +11,7 @@ import time
 from typing import TextIO
 
 from input_pipelines.registry import Shard
-from tfscale.durations import clock
+from tfscale.training.durations import clock
 
 
 def prefix(shard: Shard | None) -> str:

@@ -19,12 +19,23 @@ import h5py
 import numpy as np
 
 from input_pipelines.core.errors import CorruptFileError, DataError
+from input_pipelines.core.files import split_files
 
 H5_SUFFIXES = (".h5", ".hdf5")
 NUMPY_SUFFIXES = (".npz",)
 DATA_KEY = "data"
 LABEL_KEY = "labels"
 OPEN_FILES = 32
+
+
+def h5_files(data_dir: str, split: str) -> list[str]:
+    """The HDF5 files of ``split`` (``segmentation_h5``'s ``files=`` rule, see
+    :mod:`input_pipelines.registry`).
+
+    Raises:
+        DataError: as :func:`input_pipelines.core.files.split_files`.
+    """
+    return split_files(data_dir, split, H5_SUFFIXES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import data_root, is_glob
 from input_pipelines.core.image_preprocessing import per_channel_affine
 from input_pipelines.core.stats import STATS, load_stats
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 def required_stats(config: TrainConfig) -> tuple[str, dict[str, Any]]:

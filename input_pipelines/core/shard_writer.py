@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from input_pipelines.core.encode_pool import Accumulator, Encode, EncodePool, available_cores
 from input_pipelines.core.manifest import MANIFEST, read_json, sha256_file
 from input_pipelines.core.report import Progress
-from tfscale.files import write_json_atomic
+from tfscale.training.files import write_json_atomic
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from input_pipelines.core.files import data_root, shard_files, split_files
 from input_pipelines.core.manifest import entries_for
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 Counter = Callable[[str], int]  # path -> records in the file; raises CorruptFileError
 

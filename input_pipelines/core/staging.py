@@ -25,7 +25,7 @@ from input_pipelines.core.corrupt import CorruptFiles
 from input_pipelines.core.errors import CorruptFileError, DataError
 from input_pipelines.core.manifest import CHUNK, sha256_file
 from input_pipelines.registry import Shard
-from tfscale.files import write_json_atomic
+from tfscale.training.files import write_json_atomic
 
 SIDECAR = ".sha256"
 

@@ -29,7 +29,7 @@ from input_pipelines.core.image_sizes import KEY as SIZES_KEY
 from input_pipelines.core.image_sizes import ImageSizes
 from input_pipelines.core.manifest import read_json
 from input_pipelines.core.report import Progress
-from tfscale.tasks import CLASSIFICATION
+from tfscale.config.tasks import CLASSIFICATION
 
 STATS = "stats.json"
 SPLITS = ("train", "validation")

@@ -22,6 +22,7 @@ from input_pipelines.core.class_folders import (
     IMAGE_SUFFIXES,
     ImageFolder,
     check_signature,
+    has_validation,
     list_images,
 )
 from input_pipelines.core.corrupt import CorruptFiles
@@ -33,10 +34,9 @@ from input_pipelines.core.image_preprocessing import (
     run_preprocessing,
     validate_channels,
 )
-from input_pipelines.core.recognize import has_validation_split
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 def check_classes(folder: ImageFolder, num_classes: int) -> None:
@@ -93,7 +93,7 @@ def note_no_evaluation(config: TrainConfig, shard: Shard) -> None:
     """Says, once per process and on the first worker, that class folders without a
     ``validation/`` folder give a run without evaluation (nothing else would say so)."""
     if (shard.index or config.validation_steps or config.data_dir in _noted
-            or has_validation_split(config.data_dir)):
+            or has_validation(config.data_dir)):
         return
     _noted.add(config.data_dir)
     report.note(shard, f"--data_dir={config.data_dir} has no validation/ folder: this run "

@@ -25,7 +25,7 @@ from input_pipelines.core.image_preprocessing import (
 from input_pipelines.core.sources import WorkerFiles, check_manifest_labels, worker_files
 from input_pipelines.core.tfrecord_scan import scan_tfrecord
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),

@@ -38,7 +38,7 @@ from input_pipelines.core.image_preprocessing import (
 )
 from input_pipelines.core.lmdb_env import DATA_FILE, KeyRanges, read_range, worker_ranges
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 # A block of records: (global indices, (image bytes, labels, raw shapes [C, H, W], zeros for an
 # encoded image)); the generator hands over blocks because each call into Python costs far

@@ -35,7 +35,7 @@ from input_pipelines.core.segmentation import (
 )
 from input_pipelines.core.sources import WorkerFiles, worker_files
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 def read_sample_refs(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:

@@ -24,7 +24,7 @@ from input_pipelines.core.segmentation import (
 from input_pipelines.core.sources import check_manifest_labels, worker_files
 from input_pipelines.core.tfrecord_scan import scan_tfrecord
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
-from tfscale.options import Option
+from tfscale.config.options import Option
+from tfscale.config.train_config import TrainConfig
 
 if TYPE_CHECKING:
     import tensorflow as tf

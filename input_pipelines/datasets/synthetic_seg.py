@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from input_pipelines.core.synthetic_fields import samples, split_seed
 from input_pipelines.registry import Batches, Shard
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
 
 
 def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:

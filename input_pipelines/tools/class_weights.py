@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from input_pipelines.registry import PIPELINES, Shard
-from tfscale.class_weights import METHODS, weights_from_counts
-from tfscale.config import TrainConfig
+from tfscale.config.train_config import TrainConfig
+from tfscale.training.class_weights import METHODS, weights_from_counts
 
 
 def count_labels(config: TrainConfig, samples: int, batch_size: int = 8) -> tuple[list[int], int]:

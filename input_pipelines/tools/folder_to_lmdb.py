@@ -58,8 +58,8 @@ from input_pipelines.tools.folder_to_tfrecord import (
     shuffled_items,
     stored_image,
 )
-from tfscale.files import write_json_atomic
-from tfscale.tasks import CLASSIFICATION
+from tfscale.config.tasks import CLASSIFICATION
+from tfscale.training.files import write_json_atomic
 
 ENCODINGS = ("keep", "jpeg", "raw")
 COMMIT = 1000  # records per write transaction, as convert_imageset commits

@@ -45,8 +45,8 @@ from input_pipelines.core.shard_writer import (
     write_split,
 )
 from input_pipelines.core.stats import ImageStats
-from tfscale.files import write_json_atomic
-from tfscale.tasks import CLASSIFICATION
+from tfscale.config.tasks import CLASSIFICATION
+from tfscale.training.files import write_json_atomic
 
 if TYPE_CHECKING:
     import numpy as np

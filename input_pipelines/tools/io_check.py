@@ -6,7 +6,8 @@
 
 Measures the training split, in images/s (and MB/s for storage):
 
-1. storage: plain 1 MiB reads of the files the dataset reads, by ``--workers`` readers at
+1. storage: plain 1 MiB reads of the files the dataset reads (its registry entry's ``files=``
+   rule, :func:`input_pipelines.registry.dataset_files`), by ``--workers`` readers at
    once, cold (each file's page cache dropped first with ``posix_fadvise(DONTNEED)``, which
    needs no root; the share of bytes still cached after the drop is measured with ``mincore``
    and reported, so a drop that did not happen shows), again cold by 4x as many readers, and
@@ -44,10 +45,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import flags  # noqa: E402
 
 from input_pipelines.core.page_cache import MB, drop_cache, read_bandwidth  # noqa: E402
-from input_pipelines.registry import PIPELINES, Batches, Shard, reads_data_dir  # noqa: E402
+from input_pipelines.registry import (  # noqa: E402
+    PIPELINES,
+    Batches,
+    Shard,
+    dataset_files,
+    reads_data_dir,
+)
 from input_pipelines.tools import parse_tool_flags  # noqa: E402
-from tfscale.config import TrainConfig  # noqa: E402
-from tfscale.flags import argv_from_config, config_from_flags, define_flags  # noqa: E402
+from tfscale.cli.flags import config_from_flags, define_flags  # noqa: E402
+from tfscale.config.train_config import TrainConfig  # noqa: E402
 
 STAGES = ("records", "decoded", "augmented")
 MORE_READERS = 4  # the second cold read uses this many times --workers readers
@@ -55,18 +62,6 @@ DROPPED = 0.1  # a drop worked when at most this share of the bytes stayed cache
 
 
 # ---- storage ---------------------------------------------------------------------------------
-
-def train_files(config: TrainConfig) -> list[str]:
-    """The files ``config.dataset`` reads for training, found as its builder finds them."""
-    from input_pipelines.core import class_folders, files, lmdb_env
-
-    if config.dataset == "lmdb":
-        return [os.path.join(lmdb_env.split_environment(config.data_dir, "train"),
-                             lmdb_env.DATA_FILE)]
-    if config.dataset == "image_folder":
-        return class_folders.list_images(config.data_dir, "train").paths
-    return files.split_files(config.data_dir, "train")
-
 
 def storage(paths: Sequence[str], workers: int) -> dict[str, Any]:
     """Cold (at ``workers`` and 4x as many readers) and warm read bandwidth of ``paths``."""
@@ -236,7 +231,7 @@ def pipeline(config: TrainConfig, workers: int, seconds: float,
 def model_rate(config: TrainConfig, steps: int) -> float:
     """Images/s of a short ``--dataset=synthetic`` training run of ``config.model``."""
     with tempfile.TemporaryDirectory() as tmp:
-        argv = argv_from_config(config, dataset="synthetic", data_dir="", steps=steps,
+        argv = config.to_argv(dataset="synthetic", data_dir="", steps=steps,
                                 epochs=1, num_processes=1, model_dir=os.path.join(tmp, "run"),
                                 tensorboard=False, eval_every=0, validation_steps=0,
                                 stage_dir="", profile_steps="")
@@ -336,7 +331,8 @@ def io_check(config: TrainConfig, workers: int = 1, seconds: float = 5.0,
             dataset cannot read (DataError).
     """
     check(config)
-    files = train_files(config)  # before any pipeline maps or reads them
+    # The dataset's own files= rule, asked before any pipeline maps or reads the files.
+    files = dataset_files(config.dataset, config.data_dir, "train")
     store = storage(files, workers)
     pipe = pipeline(config, workers, seconds, files)
     model = model_images_per_sec or model_rate(config, model_steps)
@@ -407,7 +403,7 @@ def main(argv: Sequence[str]) -> int:
         if parse_tool_flags(values, argv, __doc__):
             return 0
         from input_pipelines import shapes_from_data
-        from tfscale.plugins import choose_dataset
+        from tfscale.cli.plugins import choose_dataset
 
         config = config_from_flags(values, choose_dataset, shapes_from_data)
         result = io_check(config, values.workers, values.seconds, values.model_images_per_sec,

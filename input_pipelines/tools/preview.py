@@ -30,9 +30,9 @@ from absl import flags  # noqa: E402
 from input_pipelines.core.errors import DataError  # noqa: E402
 from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for  # noqa: E402
 from input_pipelines.tools import parse_tool_flags  # noqa: E402
-from tfscale.config import TrainConfig  # noqa: E402
-from tfscale.flags import config_from_flags, define_flags  # noqa: E402
-from tfscale.tasks import CLASSIFICATION
+from tfscale.cli.flags import config_from_flags, define_flags  # noqa: E402
+from tfscale.config.tasks import CLASSIFICATION
+from tfscale.config.train_config import TrainConfig  # noqa: E402
 
 MIN_TILE = 64  # small images are enlarged (by whole pixels) to at least this size
 GAP = 2  # pixels between tiles
@@ -173,7 +173,7 @@ def main(argv: Sequence[str]) -> int:
         if parse_tool_flags(values, argv, __doc__):
             return 0
         from input_pipelines import shapes_from_data
-        from tfscale.plugins import choose_dataset
+        from tfscale.cli.plugins import choose_dataset
 
         config = config_from_flags(values, choose_dataset, shapes_from_data)
         preprocessing = preview(config, values.out, values.rows, values.columns)

@@ -55,8 +55,8 @@ from input_pipelines.core.stats import (
     class_pixels,
     stats_document,
 )
-from tfscale.files import write_json_atomic
-from tfscale.tasks import SEGMENTATION
+from tfscale.config.tasks import SEGMENTATION
+from tfscale.training.files import write_json_atomic
 
 Sample = tuple[str, int]  # (file, index in the file)
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from input_pipelines.core.stats import STATS, compute, compute_images, is_image_folder
-from tfscale.files import write_json_atomic
+from tfscale.training.files import write_json_atomic
 
 
 def main(argv: Sequence[str] | None = None) -> int:

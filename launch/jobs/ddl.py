@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from launch.jobs.registry import request
-from launch.jobs.spec import JobRequest, parse_hosts, train_config
-from tfscale.strategies import DDL_STRATEGY, STRATEGIES, strategies_that
+from launch.jobs.spec import JobRequest, parse_hosts
+from tfscale.cli.flags import config_from_args
+from tfscale.strategies import DDL_STRATEGY, STRATEGIES, Rendezvous, strategies_that
 
 BACKENDS = ("mpirun", "horovodrun")
 FRONT_END = "ddlrun"
@@ -30,16 +31,16 @@ def ddlrun_request(hosts: str, accelerators: int, backend: str = "mpirun",
         **fields: further JobRequest fields (time, knobs, log_dir, ...).
 
     Raises:
-        ValueError: for an unknown backend, a strategy whose class does not list ``ddlrun`` in
-            its ``job_launchers``, or an impossible request.
+        ValueError: for an unknown backend, a strategy whose ranks do not meet as Horovod's
+            (ddlrun starts Horovod ranks), or an impossible request.
     """
     if backend not in BACKENDS:
         raise ValueError(f"ddlrun backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if not any(a.startswith("--strategy") for a in train_args):
         train_args = (*train_args, f"--strategy={DDL_STRATEGY}")
-    strategy = train_config(train_args).strategy
-    if FRONT_END not in STRATEGIES.get(strategy).job_launchers:
-        able = strategies_that(lambda cls: FRONT_END in cls.job_launchers)
+    strategy = config_from_args(train_args).strategy
+    if STRATEGIES.get(strategy).rendezvous != Rendezvous.HOROVOD:
+        able = strategies_that(lambda cls: cls.rendezvous == Rendezvous.HOROVOD)
         raise ValueError(f"ddlrun runs DDL-style jobs; --strategy={strategy} is not one of "
                          f"{', '.join(able)}")
     return request(backend, hosts=parse_hosts(hosts), gpus_per_node=accelerators,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from launch.jobs import script
 from launch.jobs.registry import register
 from launch.jobs.spec import JobRequest
-from tfscale.strategies import Launcher
+from tfscale.strategies import Rendezvous
 
 SUMMIT_GPUS = 6
 SUMMIT_CORES = 42
@@ -50,7 +50,7 @@ def render(req: JobRequest) -> str:
               "--tasks_per_rs 1", f"--cpu_per_rs {cores}",
               f"--gpu_per_rs {req.gpus_per_rank if req.gpus_per_node else 0}",
               f"--bind packed:{cores}", "--launch_distribution packed"]
-    if req.strategy_class.launcher == Launcher.TF_CONFIG:
+    if req.strategy_class.rendezvous == Rendezvous.TF_CONFIG:
         launch.append('--smpiargs="off"')  # TF's own collectives: no MPI in the ranks
     launch.append('"$LOG_DIR/rank.sh"')
     return script.job_script(req, header, rank, launch, script.preflight(req, "mpi"))

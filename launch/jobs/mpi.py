@@ -12,6 +12,7 @@ from __future__ import annotations
 from launch.jobs import script
 from launch.jobs.registry import register
 from launch.jobs.spec import JobRequest
+from tfscale.strategies import Rendezvous
 
 FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 ROOT_LINES = [
@@ -59,10 +60,11 @@ def render_mpirun(req: JobRequest) -> str:
     return script.job_script(req, [], rank, launch, extra)
 
 
-@register("horovodrun", "horovodrun on -H hosts, over Gloo (default) or MPI (--mpi)")
+@register("horovodrun", "horovodrun on -H hosts, over Gloo (default) or MPI (--mpi)",
+          rendezvous=frozenset({Rendezvous.HOROVOD}))
 def render_horovodrun(req: JobRequest) -> str:
     """The horovodrun script for ``req`` (the request has already refused a strategy whose
-    class does not list horovodrun in its ``job_launchers``)."""
+    ranks do not meet as Horovod's)."""
     _check(req)
     if req.mpi:
         rank = script.rank_script(req, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",

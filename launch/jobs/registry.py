@@ -1,8 +1,9 @@
 """The job-script generators, by launcher name.
 
 A generator is a function ``JobRequest -> str`` (the script) registered under its launcher's
-name with a one-line description and the request defaults of its kind of machine (a Summit-style
-LSF node has 6 GPUs and 42 cores). Asking for an unknown launcher lists the known ones.
+name with a one-line description, the rendezvous its launcher's ranks can make (horovodrun:
+Horovod's only) and the request defaults of its kind of machine (a Summit-style LSF node has 6
+GPUs and 42 cores). Asking for an unknown launcher lists the known ones.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ from collections.abc import Callable
 from typing import Any
 
 from launch.jobs.spec import JobRequest
-from tfscale.registry import Registry
+from tfscale.config.registry import Registry
+from tfscale.strategies import Rendezvous
 
 Generator = Callable[[JobRequest], str]
 GENERATORS: Registry[Generator] = Registry("launcher")
 
 
-def register(name: str, description: str, **defaults: Any) -> Callable[[Generator], Generator]:
-    """Registers a generator; ``defaults`` are JobRequest fields for this launcher."""
-    return GENERATORS.register(name, description, defaults=defaults)
+def register(name: str, description: str,
+             rendezvous: frozenset[Rendezvous] = frozenset(Rendezvous) - {Rendezvous.NONE},
+             **defaults: Any) -> Callable[[Generator], Generator]:
+    """Registers a generator; ``rendezvous`` are the ways its launcher's ranks can find each
+    other (a strategy of another is refused), ``defaults`` JobRequest fields for it."""
+    return GENERATORS.register(name, description, defaults={**defaults, "rendezvous": rendezvous})
 
 
 def request(launcher: str, **fields: Any) -> JobRequest:

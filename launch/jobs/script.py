@@ -14,8 +14,8 @@ import shlex
 from collections.abc import Sequence
 
 from launch.jobs.spec import JobRequest
-from tfscale.errors import EXIT_PREEMPTED
-from tfscale.strategies import Launcher
+from tfscale.config.errors import EXIT_PREEMPTED
+from tfscale.strategies import Rendezvous
 
 RANK_SCRIPT_END = "TFSCALE_RANK_SCRIPT"
 PREEMPTED_MARKER = "preempted"
@@ -80,7 +80,7 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
         rank_var: the launcher's variable holding the global rank.
         local_rank_var: the launcher's variable holding the rank on its node.
         launcher: the launcher's name, for the error when the variables are missing.
-        tf_config_args: extra ``tfscale.cluster_env`` options to build TF_CONFIG with (for
+        tf_config_args: extra ``tfscale.cli.tf_config`` options to build TF_CONFIG with (for
             strategies whose ranks find each other through a TF_CONFIG).
         taskset: bind the rank to its share of the cores here (for launchers that do not).
         preempted_marker: a rank stopped by a warning signal (exit code EXIT_PREEMPTED,
@@ -107,8 +107,8 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
     if req.stage_dir:
         lines += ["# Node-local copy of this rank's data (tfscale.train --stage_dir fills it).",
                   f'stage_dir="{req.stage_dir}"', 'mkdir -p "$stage_dir"']
-    if req.strategy_class.launcher == Launcher.TF_CONFIG:
-        resolve = [req.python, "-m", "tfscale.cluster_env", "--tf_config",
+    if req.strategy_class.rendezvous == Rendezvous.TF_CONFIG:
+        resolve = [req.python, "-m", "tfscale.cli.tf_config", "--tf_config",
                    "--port", str(req.port), *tf_config_args]
         lines += ["# This rank's place in the TF cluster, from the launcher's variables.",
                   f"TF_CONFIG=$({quote(resolve)})", "export TF_CONFIG"]
@@ -172,7 +172,7 @@ def preflight(req: JobRequest, needs: str) -> list[str]:
         req: the request (its strategy's ranks may need Horovod to find each other).
         needs: ``"mpi"`` or ``"gloo"``: which Horovod controller the launcher relies on.
     """
-    if req.strategy_class.launcher != Launcher.HOROVOD:
+    if req.strategy_class.rendezvous != Rendezvous.HOROVOD:
         return []
     hint = ("TFSCALE_WITH_MPI=1 bash launch/setup.sh" if needs == "mpi"
             else "bash launch/setup.sh")

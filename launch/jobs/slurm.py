@@ -3,7 +3,7 @@
 Tasks per node = GPUs per node / GPUs per rank, each task bound to its cores
 (``--cpu-bind=cores``). Horovod ranks (the horovod and ddl strategies) need a Horovod built with
 MPI, which srun wires up through its PMI plugin (``--mpi=pmix`` by default); TF_CONFIG ranks
-(multiworker) build their TF_CONFIG from Slurm's variables (:mod:`tfscale.cluster_env`).
+(multiworker) build their TF_CONFIG from Slurm's variables (:mod:`tfscale.cli.tf_config`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from launch.jobs import script
 from launch.jobs.registry import register
 from launch.jobs.spec import JobRequest
-from tfscale.errors import EXIT_PREEMPTED
-from tfscale.strategies import Launcher
+from tfscale.config.errors import EXIT_PREEMPTED
+from tfscale.strategies import Rendezvous
 
 # Seconds before the time limit at which Slurm sends the ranks SIGUSR1 (its resolution is
 # about a minute); tfscale.train then checkpoints and exits with EXIT_PREEMPTED.
@@ -59,7 +59,7 @@ def render(req: JobRequest) -> str:
     launch = ["srun", f"--nodes={req.nodes}", f"--ntasks-per-node={req.ranks_per_node}",
               '--cpus-per-task="$CORES_PER_RANK"', "--cpu-bind=cores", *gpus,
               "--kill-on-bad-exit=1", "--export=ALL"]
-    if req.strategy_class.launcher == Launcher.HOROVOD:
+    if req.strategy_class.rendezvous == Rendezvous.HOROVOD:
         launch.append(f"--mpi={req.srun_mpi}")
     launch.append('"$LOG_DIR/rank.sh"')
     extra = [*script.cores_per_rank(req, "${SLURM_CPUS_ON_NODE:-$(nproc)}"),

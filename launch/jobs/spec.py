@@ -14,13 +14,9 @@ import dataclasses
 import os
 import re
 
-from absl import flags as absl_flags
-
-from tfscale import plugins
-from tfscale.config import TrainConfig
-from tfscale.errors import flag_error
-from tfscale.flags import config_from_flags, define_flags
-from tfscale.strategies import STRATEGIES, Strategy, strategies_that
+from tfscale.cli.flags import config_from_args
+from tfscale.config.train_config import TrainConfig
+from tfscale.strategies import STRATEGIES, Rendezvous, Strategy, strategies_that
 
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 _NAME = re.compile(r"^[A-Za-z0-9_.@%+-]+$")
@@ -97,7 +93,7 @@ def parse_hosts(text: str) -> tuple[tuple[str, int], ...]:
     Raises:
         ValueError: for an empty list, a bad name or slot count, or a repeated host.
     """
-    from tfscale.cluster_env import expand_hostlist
+    from tfscale.cluster.environment import expand_hostlist
 
     if ":" in text:
         items = [item.strip().partition(":") for item in text.split(",")]
@@ -131,27 +127,6 @@ def read_hostfile(path: str) -> str:
     if not entries:
         raise ValueError(f"host file {path} lists no hosts")
     return ",".join(entries)
-
-
-def train_config(train_args: tuple[str, ...]) -> TrainConfig:
-    """Parses and validates the ``tfscale.train`` flags the job will run with, the model,
-    dataset and strategy names included, as ``tfscale.train`` does (without TensorFlow).
-
-    Raises:
-        ValueError: for an unknown flag, a positional argument, an invalid value or an
-            unknown name (listing the registered ones).
-    """
-    values = absl_flags.FlagValues()
-    define_flags(values)
-    try:
-        rest = values(["tfscale.train", *train_args])
-    except absl_flags.Error as err:
-        raise ValueError(f"tfscale.train flags: {flag_error(err)}") from None
-    if len(rest) > 1:
-        raise ValueError(f"tfscale.train takes only --flags; got {rest[1:]}")
-    config = config_from_flags(values, plugins.choose_dataset)
-    plugins.check_names(config)
-    return config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +165,8 @@ class JobRequest:
 
     launcher: str
     train_args: tuple[str, ...] = ()
+    # The rendezvous this launcher's ranks can make (its generator's declaration).
+    rendezvous: frozenset[Rendezvous] = frozenset({Rendezvous.TF_CONFIG, Rendezvous.HOROVOD})
     nodes: int = 1
     gpus_per_node: int = 0
     gpus_per_rank: int = 1
@@ -240,7 +217,7 @@ class JobRequest:
         if self.cores_per_node and not self.cores_per_rank:
             raise ValueError(f"{self.ranks_per_node} ranks per node cannot share "
                              f"{self.cores_per_node} cores; give each rank at least one")
-        config = train_config(self.train_args)
+        config = config_from_args(self.train_args)
         object.__setattr__(self, "config", config)
         object.__setattr__(self, "strategy", config.strategy)
         self._check_strategy()
@@ -298,11 +275,11 @@ class JobRequest:
             several = strategies_that(lambda c: c.multi_process())
             raise ValueError(f"--strategy={strategy} runs in one process; a job of {ranks} "
                              f"ranks needs one of {', '.join(several)}")
-        if self.launcher not in cls.job_launchers:
-            able = strategies_that(lambda c: c.multi_process() and self.launcher in c.job_launchers)
-            raise ValueError(f"{self.launcher} cannot start --strategy={strategy} jobs; it starts "
-                             f"{', '.join(able)} jobs, and {strategy} runs under "
-                             f"{', '.join(sorted(cls.job_launchers))}")
+        if ranks > 1 and cls.rendezvous not in self.rendezvous:
+            able = strategies_that(lambda c: c.rendezvous in self.rendezvous)
+            raise ValueError(f"{self.launcher} cannot start --strategy={strategy} jobs (its ranks "
+                             f"meet through {cls.rendezvous.value}); it starts "
+                             f"{', '.join(able)} jobs")
         if cls.one_rank_per_gpu and self.gpus_per_rank != 1:
             raise ValueError(f"--strategy={strategy} runs one rank per GPU; drop "
                              f"--gpus_per_rank={self.gpus_per_rank}")

@@ -25,7 +25,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tfscale.callbacks import DDLGlobalVariablesBroadcast, DDLMetricSync  # noqa: E402
-from tfscale.collectives import HierarchicalAllReduce, with_gradient_reduction  # noqa: E402
+from tfscale.exchange import HierarchicalAllReduce, with_gradient_reduction  # noqa: E402
 
 
 class ShiftWeightsByRank(keras.callbacks.Callback):

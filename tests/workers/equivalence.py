@@ -9,7 +9,7 @@ initial broadcast. Each process writes its final weights to ``OUT/rank<R>.npz``,
 saw, and (Horovod) grouped all-reduces.
 
 With ``--grad_accum_steps K`` a step is K micro-batches of ``--batch`` per replica
-(:func:`tfscale.optimizers.accumulate_gradients`).
+(:func:`tfscale.training.optimizers.accumulate_gradients`).
 
     python -m tests.workers.equivalence --strategy horovod --steps 1 --batch 4 --out DIR
 """
@@ -28,10 +28,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models.small import tiny_cnn  # noqa: E402
-from tfscale.config import TrainConfig  # noqa: E402
-from tfscale.optimizers import accumulate_gradients  # noqa: E402
+from tfscale.config.train_config import TrainConfig  # noqa: E402
 from tfscale.strategies import create, running  # noqa: E402
-from tfscale.trainer import configure_runtime  # noqa: E402
+from tfscale.training.optimizers import accumulate_gradients  # noqa: E402
+from tfscale.training.trainer import configure_runtime  # noqa: E402
 
 SHAPE, CLASSES = (8, 8, 3), 3
 

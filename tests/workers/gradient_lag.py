@@ -21,9 +21,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfscale.config import TrainConfig  # noqa: E402
+from tfscale.config.train_config import TrainConfig  # noqa: E402
 from tfscale.strategies import create, running  # noqa: E402
-from tfscale.trainer import configure_runtime  # noqa: E402
+from tfscale.training.trainer import configure_runtime  # noqa: E402
 
 INPUTS, OUTPUTS, LEARNING_RATE = 5, 2, 0.1
 

@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfscale.collectives.hierarchical import HierarchicalAllReduce  # noqa: E402
+from tfscale.exchange.hierarchical import HierarchicalAllReduce  # noqa: E402
 
 # Sizes 1, 3, 35, 13, 7 are not multiples of 2 or 4; (0,) is empty.
 SHAPES = [(), (1,), (3,), (7, 5), (2, 3, 5), (1, 1, 1, 1), (13,), (0,), (7,)]

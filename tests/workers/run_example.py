@@ -20,7 +20,7 @@ def main() -> None:
     import keras
     import numpy as np
 
-    from tfscale import cluster_env
+    from tfscale.cluster import environment as cluster_env
 
     model = next(v for v in names.values() if isinstance(v, keras.Model))
     rank = cluster_env.this_process().rank

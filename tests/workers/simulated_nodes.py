@@ -1,6 +1,7 @@
 """Runs a command as ``--np`` Horovod processes on simulated nodes of ``--per_node`` each.
 
-horovodrun cannot make one machine look like several nodes; ``launch.local`` can (distinct host
+horovodrun cannot make one machine look like several nodes; ``tfscale.scripts.launcher`` can
+(distinct host
 names per node). Tests start this module through ``tests.conftest.run_process``, whose timeout
 kills it, and its workers die with it (``PR_SET_PDEATHSIG``), so a hung collective cannot
 outlive the test.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from launch.local import horovod_envs, node_layout, supervise
+from tfscale.scripts.launcher import horovod_envs, node_layout, supervise
 
 
 def main(argv: list[str]) -> int:

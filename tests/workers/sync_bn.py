@@ -13,7 +13,8 @@ size ``G`` (``--sync_bn --sync_bn_group=G``). For each, every process writes
 - ``loss``: [local replicas], each replica's mean loss on its slice;
 - ``w0``, ``w1``, ...: the trainable weights after the step (they reveal the gradients);
 - ``precise0``, ``ema1``, ``precise1``: both batch-norm layers' moving means and variances,
-  concatenated: recomputed (:class:`tfscale.bn_statistics.Recomputer`) on the initial weights
+  concatenated: recomputed (:class:`tfscale.training.bn_statistics.Recomputer`) on the initial
+  weights
   over ``STATS_STEPS`` global batches of the same kind (each replica normalizing its
   ``--stats_batch`` rows, default its share of the batch), after the step as Keras' moving
   averages left them, and recomputed after the step.
@@ -34,11 +35,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfscale.bn_statistics import Recomputer, tracked_layers  # noqa: E402
-from tfscale.config import TrainConfig  # noqa: E402
+from tfscale.config.train_config import TrainConfig  # noqa: E402
 from tfscale.strategies import Strategy, create, running  # noqa: E402
-from tfscale.sync_bn import synchronize_under_strategy  # noqa: E402
-from tfscale.trainer import configure_runtime  # noqa: E402
+from tfscale.training.bn_statistics import Recomputer, tracked_layers  # noqa: E402
+from tfscale.training.sync_bn import synchronize_under_strategy  # noqa: E402
+from tfscale.training.trainer import configure_runtime  # noqa: E402
 
 SHAPE, CLASSES, CHANNELS, GLOBAL, STATS_STEPS = (8, 8, 3), 3, 4, 8, 3
 

@@ -58,7 +58,7 @@ def horovod_style(out: Path) -> dict[str, Any]:
     import keras
 
     import tfscale.horovod as hvd
-    from tfscale.collectives import scripts as runtime
+    from tfscale.scripts import horovod_api as runtime
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -105,7 +105,7 @@ def mwms_style(out: Path) -> dict[str, Any]:
     # Repeated, as the tutorial's is: each worker then iterates its own shard of it as it is.
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x) // STEPS).repeat()
     history = net.fit(dataset, epochs=1, steps_per_epoch=STEPS, verbose=0)
-    reduce = tfscale.multiworker.node_exchange(strategy)
+    reduce = tfscale.multiworker.all_reduce_of(strategy)
     return {
         "weights": net.get_weights(), "history": history.history,
         "plan": "" if reduce is None or reduce.plan is None else reduce.plan.describe(),
@@ -115,7 +115,7 @@ def mwms_style(out: Path) -> dict[str, Any]:
 
 
 def launch(style: str, out: Path) -> int:
-    from launch.local import horovod_envs, supervise, tf_config_envs
+    from tfscale.scripts.launcher import horovod_envs, supervise, tf_config_envs
 
     command = [sys.executable, "-m", "tests.workers.user_exchange", f"--style={style}",
                f"--out={out}"]

@@ -1,6 +1,7 @@
 """Batch-norm statistics of the current weights for your own ``model.fit``.
 
-:mod:`tfscale.bn_statistics` explains why: Keras' moving averages are stale after a few hundred
+:mod:`tfscale.training.bn_statistics` explains why: Keras' moving averages are stale after a few
+hundred
 steps, and under data parallelism each worker's come from its own shard. Drop the callback in
 before any callback that saves the model at an epoch end::
 
@@ -22,9 +23,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfscale import bn_statistics, rank_zero
 from tfscale.callbacks.step import optimizer_step
-from tfscale.collectives.interface import Collectives
+from tfscale.cluster import rank_zero
+from tfscale.exchange.interface import Collectives
+from tfscale.training import bn_statistics
 
 Data = Iterable[Any] | Callable[[], Iterable[Any]]
 
@@ -112,7 +114,7 @@ def _collectives(comm: Collectives | None, tf_strategy: Any
     """The number of worker processes and a host sum over them (see the class's ``comm``)."""
     if comm is None:
         if tf_strategy is not None and int(tf_strategy.num_replicas_in_sync) > 1:
-            from tfscale.collectives.tf_distribute import process_sum
+            from tfscale.exchange.tf_distribute import process_sum
 
             replicas = int(tf_strategy.num_replicas_in_sync)
             processes = replicas // max(1, len(tf_strategy.extended.worker_devices))
@@ -131,6 +133,6 @@ def _running_horovod() -> Collectives | None:
         return None
     if not hvd.is_initialized():
         return None
-    from tfscale.collectives.horovod import HorovodCollectives
+    from tfscale.exchange.horovod_runtime import HorovodCollectives
 
     return HorovodCollectives()

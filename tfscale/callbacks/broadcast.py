@@ -6,7 +6,7 @@ from typing import Any
 
 import keras
 
-from tfscale.collectives.interface import Collectives, default_collectives
+from tfscale.exchange.interface import Collectives, default_collectives
 
 
 class BroadcastInitialState(keras.callbacks.Callback):

@@ -8,10 +8,10 @@ from typing import Any
 
 import keras
 
-from tfscale import rank_zero
 from tfscale.callbacks.step import optimizer_step
-from tfscale.checkpointing import CheckpointError, CheckpointManager
-from tfscale.collectives.optimizer import averaged_lag_gradients
+from tfscale.cluster import rank_zero
+from tfscale.exchange.optimizer import averaged_lag_gradients
+from tfscale.training.checkpointing import CheckpointError, CheckpointManager
 
 
 class Checkpoint(keras.callbacks.Callback):

@@ -6,7 +6,7 @@ from typing import Any
 
 import keras
 
-from tfscale import rank_zero
+from tfscale.cluster import rank_zero
 
 
 class ChiefOnly(keras.callbacks.Callback):

@@ -11,7 +11,7 @@ import keras
 from tfscale.callbacks.step import optimizer_step
 
 # (model) -> (job-wide metrics, examples evaluated); a collective, e.g.
-# tfscale.evaluation.Evaluator.evaluate.
+# tfscale.training.evaluation.Evaluator.evaluate.
 Evaluate = Callable[[keras.Model], tuple[dict[str, float], int]]
 # Receives each evaluation record (see Evaluation).
 Listener = Callable[[dict[str, Any]], None]

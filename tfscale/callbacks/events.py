@@ -7,7 +7,7 @@ from typing import Any
 import keras
 
 from tfscale.callbacks.step import optimizer_step
-from tfscale.events import EventLog
+from tfscale.training.events import EventLog
 
 
 class EpochEvents(keras.callbacks.Callback):

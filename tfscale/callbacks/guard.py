@@ -11,9 +11,9 @@ from typing import Any
 
 import keras
 
-from tfscale import preemption
 from tfscale.callbacks.step import optimizer_step
-from tfscale.collectives.interface import Collectives
+from tfscale.cluster import preemption
+from tfscale.exchange.interface import Collectives
 
 
 class TrainingGuard(keras.callbacks.Callback):
@@ -61,7 +61,7 @@ class TrainingGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
-        # A warning that came while the process started (tfscale.preemption) stops at the
+        # A warning that came while the process started (tfscale.cluster.preemption) stops at the
         # first agreement.
         self._signalled = self._signalled or float(preemption.warned())
         self._last_check = (optimizer_step(self.model), time.perf_counter())

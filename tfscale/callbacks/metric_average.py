@@ -7,7 +7,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfscale.collectives.interface import Collectives, default_collectives
+from tfscale.exchange.interface import Collectives, default_collectives
 
 
 class MetricAverage(keras.callbacks.Callback):

@@ -11,10 +11,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from tfscale import rank_zero
 from tfscale.callbacks.step import optimizer_step
-from tfscale.collectives import timing
-from tfscale.durations import clock
+from tfscale.cluster import rank_zero
+from tfscale.exchange import timing
+from tfscale.training.durations import clock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Window:
     first of a ``fit`` call (tracing and compilation), ``eta`` and ``epoch_eta`` until a step
     after the first has been timed. ``exchange_ms`` (the mean time a step waited for its
     gradient exchange) and ``exchange_share`` (that over the mean step time) are NaN unless
-    the exchange is timed (:mod:`tfscale.collectives.timing`: ``tfscale.train`` with several
+    the exchange is timed (:mod:`tfscale.exchange.timing`: ``tfscale.train`` with several
     workers).
     """
 

@@ -10,8 +10,8 @@ from typing import Any
 import keras
 
 from tfscale.callbacks.step import optimizer_step
-from tfscale.collectives.interface import Collectives
-from tfscale.targets import Target
+from tfscale.config.targets import Target
+from tfscale.exchange.interface import Collectives
 
 
 class TargetStop(keras.callbacks.Callback):

@@ -49,7 +49,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         if not isinstance(lr, keras.Variable) and not hasattr(lr, "assign"):
             raise ValueError("LearningRateWarmup needs an optimizer with a constant learning "
                              "rate; the optimizer has a schedule, so put the warmup in it "
-                             "(tfscale.optimizers.schedules.WarmupDecay)")
+                             "(tfscale.training.optimizers.schedules.WarmupDecay)")
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = optimizer_step(self.model)

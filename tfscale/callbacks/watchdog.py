@@ -22,7 +22,7 @@ from typing import Any
 
 import keras
 
-from tfscale.errors import EXIT_PEER_LOST
+from tfscale.config.errors import EXIT_PEER_LOST
 
 
 class StepWatchdog(keras.callbacks.Callback):

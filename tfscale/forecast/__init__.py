@@ -1,7 +1,7 @@
 """Plan a run before the allocation: throughput, efficiency, the recommended gradient exchange
 and time to accuracy at N nodes, from a machine file (docs/FORECAST.md).
 
-The command line is ``python -m tfscale.forecast`` (:mod:`tfscale.forecast.cli`); the pieces
+The command line is ``python -m tfscale.forecast`` (:mod:`tfscale.cli.forecast`); the pieces
 are importable for scripts and tests. Nothing here imports TensorFlow.
 """
 

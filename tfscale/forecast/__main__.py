@@ -1,8 +1,9 @@
-"""Placeholder; absl's --help prints the command's own docstring (tfscale.forecast.cli)."""
+"""``python -m tfscale.forecast``: the command is :mod:`tfscale.cli.forecast` (absl's --help
+prints its docstring)."""
 
-from tfscale.forecast import cli
+from tfscale.cli import forecast
 
-__doc__ = cli.__doc__
+__doc__ = forecast.__doc__
 
 if __name__ == "__main__":
-    cli.entry()
+    forecast.entry()

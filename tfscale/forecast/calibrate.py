@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfscale.files import write_json_atomic
 from tfscale.forecast import machines
+from tfscale.training.files import write_json_atomic
 
 SYNTHETIC = "synthetic"
 _COUNT_GRADIENT_BYTES = """

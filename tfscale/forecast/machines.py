@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tfscale.config import PRECISIONS
+from tfscale.config.train_config import PRECISIONS
 from tfscale.forecast.model import Link
 
 PRESET_DIR = Path(__file__).with_name("machines")

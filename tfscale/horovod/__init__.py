@@ -20,7 +20,7 @@ python script.py`` or any launcher Horovod supports. Where the ranks of a node a
 ``/dev/shm`` (CPU-only x86-64), ``DistributedOptimizer``, eager ``allreduce``/``broadcast`` and
 the callbacks' host values go through the shared-memory node exchange that ``tfscale.train
 --strategy=horovod`` uses (hierarchically with Horovod across nodes), not Gloo over loopback;
-``TFSCALE_NODE_EXCHANGE=collectives`` keeps them on Horovod (:mod:`tfscale.collectives.scripts`).
+``TFSCALE_NODE_EXCHANGE=collectives`` keeps them on Horovod (:mod:`tfscale.scripts.horovod_api`).
 Horovod's constants (``Average``, ``Sum``, ``Compression``, ``global_process_set``, ...) are
 Horovod's own, looked up on first use. Horovod ops cannot run inside an XLA-compiled function
 in tfscale's build, and Keras 3's default ``jit_compile="auto"`` compiles the training step
@@ -28,13 +28,13 @@ with XLA when a GPU is visible: on GPUs pass ``jit_compile=False`` to ``compile`
 docs/MIGRATING.md.
 
 This package is the public face only: the functions and the optimizer live in the collectives
-layer (:mod:`tfscale.collectives`), which tfscale's strategies and callbacks share;
+layer (:mod:`tfscale.exchange`), which tfscale's strategies and callbacks share;
 ``hvd.callbacks`` sits on :mod:`tfscale.callbacks`, which sits on that layer.
 """
 
 from typing import Any
 
-from tfscale.collectives.horovod import (
+from tfscale.exchange.horovod_runtime import (
     allgather,
     broadcast_variables,
     cross_rank,
@@ -45,9 +45,15 @@ from tfscale.collectives.horovod import (
     rank,
     size,
 )
-from tfscale.collectives.optimizer import DistributedOptimizer, load_model
-from tfscale.collectives.scripts import allreduce, broadcast, init, shutdown
 from tfscale.horovod import callbacks
+from tfscale.scripts.horovod_api import (
+    DistributedOptimizer,
+    allreduce,
+    broadcast,
+    init,
+    load_model,
+    shutdown,
+)
 
 # Names that are Horovod's own objects, the same under Keras 2 and 3.
 _FROM_HOROVOD = ("Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression",
@@ -58,7 +64,7 @@ _FROM_HOROVOD = ("Average", "Sum", "Adasum", "Min", "Max", "Product", "Compressi
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_HOROVOD:
-        from tfscale.collectives.horovod import import_horovod
+        from tfscale.exchange.horovod_runtime import import_horovod
 
         return getattr(import_horovod(), name)
     raise AttributeError(f"module 'tfscale.horovod' has no attribute {name!r}")

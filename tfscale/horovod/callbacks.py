@@ -5,7 +5,7 @@ versions read ``optimizer.lr`` and ``keras.backend.get_value`` and broadcast Ker
 as ``tf.Variable``s, none of which Keras 3 has. Broadcast and metric averaging are tfscale's
 :class:`~tfscale.callbacks.BroadcastInitialState` and :class:`~tfscale.callbacks.MetricAverage`
 over Horovod's collectives (host values through the node exchange of
-:mod:`tfscale.collectives.scripts` where it has one); chief-only saving is
+:mod:`tfscale.scripts.horovod_api` where it has one); chief-only saving is
 :class:`~tfscale.callbacks.ChiefOnly`.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 
 import keras
 
-from tfscale import rank_zero
 from tfscale.callbacks import BroadcastInitialState, ChiefOnly, MetricAverage
-from tfscale.collectives import horovod as runtime
-from tfscale.collectives.scripts import ScriptCollectives
+from tfscale.cluster import rank_zero
+from tfscale.exchange import horovod_runtime as runtime
+from tfscale.scripts.horovod_api import ScriptCollectives
 
 
 class BroadcastGlobalVariablesCallback(BroadcastInitialState):

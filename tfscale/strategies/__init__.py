@@ -1,6 +1,6 @@
 """Distribution strategies: a registry of :class:`Strategy` plugins."""
 
-from tfscale.strategies.base import Launcher, SingleProcessStrategy, Strategy, running
+from tfscale.strategies.base import Rendezvous, SingleProcessStrategy, Strategy, running
 from tfscale.strategies.ddl import DDL_STRATEGY, DDLStrategy
 from tfscale.strategies.default import DEFAULT_STRATEGY, DefaultStrategy
 from tfscale.strategies.horovod import HorovodStrategy
@@ -29,6 +29,6 @@ register("horovod", HorovodStrategy,
 register(DDL_STRATEGY, DDLStrategy,
          "IBM DDL's model on Horovod: hierarchical all-reduce over nodes, DDL callbacks")
 
-__all__ = ["DDL_STRATEGY", "DEFAULT_STRATEGY", "MULTI_PROCESS_DEFAULT", "STRATEGIES", "Launcher",
+__all__ = ["DDL_STRATEGY", "DEFAULT_STRATEGY", "MULTI_PROCESS_DEFAULT", "STRATEGIES", "Rendezvous",
            "SingleProcessStrategy", "Strategy", "check_config", "create", "load_plugins",
            "register", "running", "strategies_that", "unread_flags"]

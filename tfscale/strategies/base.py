@@ -5,9 +5,9 @@ gradients are combined and how this process finds its peers. The trainer uses on
 interface, so adding a strategy never touches the trainer. Required hooks are abstract;
 optional hooks have working defaults.
 
-A strategy is also the one owner of what it is: its class attributes say how its ranks are
-started, which job-script launchers can start them, which flags are its own and what
-environment its ranks need. The local launcher, ``launch.jobscript``, config validation and
+A strategy is also the one owner of what it is: its class attributes say how its ranks find
+each other (its rendezvous, which decides how they are started), which flags are its own and
+what environment its ranks need. The local launcher, ``launch.jobscript``, config validation and
 sweeps read them from the class, so adding a strategy is one file::
 
     # mypkg/strategy.py
@@ -36,19 +36,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from tfscale.options import Option
-from tfscale.shard import Shard
+from tfscale.cluster.shard import Shard
+from tfscale.config.options import Option
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from tfscale.collectives.placement import ExchangePlan
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
+    from tfscale.exchange.placement import ExchangePlan
 
 
-class Launcher(enum.StrEnum):
-    """How a strategy's ranks find each other, and so how a launcher starts them."""
+class Rendezvous(enum.StrEnum):
+    """How a strategy's ranks find each other once a launcher started them (docs/GLOSSARY.md);
+    a job script's launcher must be able to set it up."""
 
     #: One process: nothing to start beyond it.
     NONE = ""
@@ -60,10 +61,6 @@ class Launcher(enum.StrEnum):
     HOROVOD = "horovod"
 
 
-# Every job-script generator of launch/jobs, for strategies that run under any of them.
-ALL_JOB_LAUNCHERS = frozenset({"slurm", "lsf", "mpirun", "horovodrun"})
-
-
 class Strategy(abc.ABC):
     """Base class of every strategy plugin.
 
@@ -73,28 +70,26 @@ class Strategy(abc.ABC):
     built-in one. Import TensorFlow, Keras and Horovod inside the methods that use them.
 
     Attributes:
-        launcher: how its ranks find each other (:class:`Launcher`), which decides how
-            ``--num_processes N`` and job scripts start them; ``NONE`` = single-process.
+        rendezvous: how its ranks find each other (:class:`Rendezvous`), which decides how
+            ``--num_processes N`` starts them and which launchers' job scripts can (each
+            generator says which rendezvous it sets up); ``NONE`` = single-process.
         jit_scope: what ``--xla=jit`` compiles (a property: it may depend on the devices set
             up): ``"step"`` (Keras compiles the whole training step, gradient exchange
             included) or ``"model"`` (only the model's forward and backward pass, when the
             gradient exchange cannot run inside XLA); the class's ``_jit_scope`` by default.
         one_rank_per_gpu: each rank drives exactly one GPU (job scripts refuse
             ``--gpus_per_rank`` > 1).
-        job_launchers: the job-script generators that can start it (``python -m
-            launch.jobscript LAUNCHER``); ``"ddlrun"`` marks a strategy for the ddlrun front end.
         owned_flags: general config fields that mean nothing to other strategies: setting
             one under another strategy is an error.
-        options: the strategy's own options (:class:`tfscale.options.Option`), declared in
+        options: the strategy's own options (:class:`tfscale.config.options.Option`), declared in
             its file: flags, ``--helpfull``'s group, job-script checks and ``config.options``
             come from them. A non-tuning one is refused under other strategies; a tuning one
             warns there that it is ignored.
     """
 
-    launcher: ClassVar[Launcher] = Launcher.NONE
+    rendezvous: ClassVar[Rendezvous] = Rendezvous.NONE
     _jit_scope: ClassVar[str] = "step"
     one_rank_per_gpu: ClassVar[bool] = False
-    job_launchers: ClassVar[frozenset[str]] = ALL_JOB_LAUNCHERS
     owned_flags: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[Option[Any], ...]] = ()
     # What carries the gradients inside and across nodes, once set up (exchange() says it).
@@ -106,7 +101,7 @@ class Strategy(abc.ABC):
     @classmethod
     def multi_process(cls) -> bool:
         """Whether the strategy runs several processes (``--num_processes N``, job scripts)."""
-        return cls.launcher != Launcher.NONE
+        return cls.rendezvous != Rendezvous.NONE
 
     @classmethod
     def owned(cls) -> tuple[str, ...]:
@@ -237,7 +232,7 @@ class Strategy(abc.ABC):
 
     def hosts(self) -> list[str]:
         """Every process's host name, in rank order (a collective: every process calls it)."""
-        from tfscale.collectives.placement import gather_strings
+        from tfscale.exchange.placement import gather_strings
 
         return gather_strings(platform.node(), self.rank, self.size,
                               lambda values: self.all_reduce(values, "sum"))
@@ -259,7 +254,8 @@ class Strategy(abc.ABC):
 
         Differentiable: the gradient of the sum is the sum of the group's upstream gradients,
         which is what the loss averaged over all replicas needs. Synchronized batch norm
-        (:mod:`tfscale.sync_bn`) sums its statistics with it. With one replica it is the tensor
+        (:mod:`tfscale.training.sync_bn`) sums its statistics with it. With one replica it is the
+        tensor
         itself; strategies of several replicas override it, usually with
         :meth:`_sum_in_groups` over their own sum of all replicas.
 

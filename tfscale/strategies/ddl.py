@@ -6,7 +6,7 @@ What DDL gave a TensorFlow program, and where it lives here:
   then; horovodrun, mpirun, srun, jsrun or ``--num_processes`` here).
 - Gradients are averaged by a topology-aware all-reduce: reduce-scatter inside a node,
   all-reduce across nodes, all-gather inside a node
-  (:mod:`tfscale.collectives.hierarchical`), on gradients fused into one buffer.
+  (:mod:`tfscale.exchange.hierarchical`), on gradients fused into one buffer.
 - The callback pair (:mod:`tfscale.callbacks.ddl`): a metric sync that comes first and a
   global-variables broadcast that comes last. In ``tfscale.train`` the strategy's callbacks are
   placed before the trainer's own, so the sync is first; the trainer restores checkpoints before
@@ -29,14 +29,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
-from tfscale.options import Option
+from tfscale.config.options import Option
+from tfscale.exchange.hierarchical import HierarchicalAllReduce, start_horovod
 from tfscale.strategies.horovod import FP16_ALLREDUCE, HorovodStrategy
 
 if TYPE_CHECKING:
     import keras
 
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
 
 DDL_LOCAL_SIZE = Option("ddl_local_size", 0,
                         "ddl: processes per node, overriding the launcher's host list.",

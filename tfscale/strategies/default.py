@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from tfscale.config.train_config import DEFAULT_STRATEGY
 from tfscale.strategies.base import SingleProcessStrategy
 
-# The strategy a config names when none is chosen (``TrainConfig.strategy``).
-DEFAULT_STRATEGY = "default"
+__all__ = ["DEFAULT_STRATEGY", "DefaultStrategy"]
 
 
 class DefaultStrategy(SingleProcessStrategy):

@@ -1,13 +1,13 @@
 """The ``horovod`` strategy: one process per replica on Horovod's TensorFlow ops.
 
 Horovod's own Keras layer does not support Keras 3; the strategy uses tfscale's collectives layer
-(:mod:`tfscale.collectives`, the same code users' scripts reach through :mod:`tfscale.horovod`):
+(:mod:`tfscale.exchange`, the same code users' scripts reach through :mod:`tfscale.horovod`):
 
 - gradients are averaged by one ``grouped_allreduce`` (Horovod fuses the group into few
   buffers: tensor fusion) inside the optimizer's ``apply``, which Keras 3 traces into the
-  training function (:func:`tfscale.collectives.DistributedOptimizer`); when every rank runs on
+  training function (:func:`tfscale.exchange.optimizer.horovod_allreduce`); when every rank runs on
   one CPU-only x86-64 node, through a shared-memory segment instead (``--node_exchange``,
-  :mod:`tfscale.collectives.shared_memory`): Gloo carries a node's exchange over loopback TCP,
+  :mod:`tfscale.exchange.shared_memory`): Gloo carries a node's exchange over loopback TCP,
   four times slower for an ``mlp``'s 7.4 MB (bench/RESULTS.md);
 - initial weights and optimizer state are broadcast from rank 0;
 - logged metrics are averaged across workers at the end of each epoch.
@@ -24,26 +24,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from tfscale import cluster_env
-from tfscale.collectives.exchange import (
+from tfscale.cluster import environment as cluster_env
+from tfscale.config.options import Option
+from tfscale.exchange.hierarchical import HierarchicalAllReduce, start_horovod
+from tfscale.exchange.horovod_runtime import HorovodCollectives, check_installed
+from tfscale.exchange.optimizer import horovod_allreduce, with_gradient_reduction
+from tfscale.exchange.placement import NODE_EXCHANGE
+from tfscale.exchange.setup import (
     CPU_CYCLE_TIME_MS,
     SHARED_MEMORY_CYCLE_TIME_MS,
     horovod_reduction,
     one_node_shared_memory,
     transient,
 )
-from tfscale.collectives.hierarchical import HierarchicalAllReduce, start_horovod
-from tfscale.collectives.horovod import HorovodCollectives, check_installed
-from tfscale.collectives.optimizer import DistributedOptimizer, with_gradient_reduction
-from tfscale.options import Option
-from tfscale.strategies.base import ALL_JOB_LAUNCHERS, Launcher, Strategy
-from tfscale.strategies.node_exchange import NODE_EXCHANGE
+from tfscale.strategies.base import Rendezvous, Strategy
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
 
 # Where --horovod_timeline and --horovod_autotune write, in the model_dir.
 TIMELINE_FILE = "horovod_timeline.json"
@@ -128,12 +128,11 @@ class HorovodStrategy(Strategy):
     # Set by apply_environment: it chose the shared-memory cycle time.
     _long_cycle = False
 
-    launcher = Launcher.HOROVOD
+    rendezvous = Rendezvous.HOROVOD
     # Horovod's XLA ops are left out of the build (see BUILD.md), so the all-reduce cannot be
     # inside an XLA-compiled training step: --xla=jit compiles the model's passes only.
     _jit_scope = "model"
     one_rank_per_gpu = True
-    job_launchers = ALL_JOB_LAUNCHERS | {"ddlrun"}
     # The lag lives in the optimizer's gradient exchange, which only these strategies own;
     # tf.distribute's all-reduce runs inside Keras's step, where it cannot be deferred.
     owned_flags: ClassVar[tuple[str, ...]] = ("gradient_lag",)
@@ -189,7 +188,7 @@ class HorovodStrategy(Strategy):
 
     def gradient_reduction(self) -> HierarchicalAllReduce | None:
         """The gradients' all-reduce when it is not Horovod's ``grouped_allreduce``
-        (:func:`tfscale.collectives.exchange.horovod_reduction`, which users' scripts share),
+        (:func:`tfscale.exchange.setup.horovod_reduction`, which users' scripts share),
         set up for this run's ``--fp16_allreduce``. A collective (every rank must call it).
 
         Raises:
@@ -292,11 +291,11 @@ class HorovodStrategy(Strategy):
         if self.reduce is not None:
             return with_gradient_reduction(optimizer, self.reduce,
                                            gradient_lag=self.config.gradient_lag)
-        compression = self.comm.hvd.Compression
+        hvd = self.comm.hvd
         # Horovod's transport, as gradient_reduction chose (not the users' node exchange).
-        return DistributedOptimizer(optimizer, compression=compression.fp16
-                                    if FP16_ALLREDUCE.of(self.config) else compression.none,
-                                    gradient_lag=self.config.gradient_lag, node_exchange=False)
+        reduce = horovod_allreduce(hvd, compression=hvd.Compression.fp16
+                                   if FP16_ALLREDUCE.of(self.config) else hvd.Compression.none)
+        return with_gradient_reduction(optimizer, reduce, gradient_lag=self.config.gradient_lag)
 
     def describe(self) -> str:
         return f"{super().describe()}; gradients {self.exchange()}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from tfscale.options import Option
+from tfscale.config.options import Option
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
 
 CPU_REPLICAS = Option("cpu_replicas", 0,

@@ -2,12 +2,13 @@
 
 The cluster comes from ``TF_CONFIG`` (written by ``--num_processes N`` or by the user), or
 from Slurm's variables under ``srun``. Keras 3's ``model.fit`` needs work-arounds under
-this strategy, the ones users' own scripts get from :mod:`tfscale.multiworker`; they are on
+this strategy, the ones users' own scripts get from :mod:`tfscale.strategies.keras_multiworker`;
+they are on
 while the strategy runs.
 
 When every worker runs on one CPU-only x86-64 machine (``--num_processes N``, or a TF_CONFIG
 whose workers share a host), the gradients are summed through a shared-memory segment
-(``--node_exchange``, :mod:`tfscale.collectives.shared_memory`) instead of TensorFlow's gRPC
+(``--node_exchange``, :mod:`tfscale.exchange.shared_memory`) instead of TensorFlow's gRPC
 ring, which carries them over loopback TCP: for an ``mlp``'s 7.4 MB between two workers, 15.6 ms
 against the step's 5.3 ms of compute (bench/RESULTS.md). So are the framework's host values
 (stop flags, evaluation sums, the epoch's logs); ``--sync_bn``'s sums stay on TensorFlow's
@@ -37,13 +38,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfscale import cluster_env
-from tfscale.collectives.exchange import transient, worker_reduction
-from tfscale.collectives.hierarchical import HierarchicalAllReduce
-from tfscale.keras_version import check_keras_version
-from tfscale.options import Option
-from tfscale.strategies.base import Launcher
-from tfscale.strategies.node_exchange import NODE_EXCHANGE
+from tfscale.cluster import environment as cluster_env
+from tfscale.config.options import Option
+from tfscale.exchange.hierarchical import HierarchicalAllReduce
+from tfscale.exchange.placement import NODE_EXCHANGE
+from tfscale.exchange.setup import transient, worker_reduction
+from tfscale.strategies.base import Rendezvous
+from tfscale.strategies.keras_version import check_keras_version
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
 
 if TYPE_CHECKING:
@@ -90,10 +91,9 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     alone = False
     reduce: HierarchicalAllReduce | None = None
 
-    launcher = Launcher.TF_CONFIG
+    rendezvous = Rendezvous.TF_CONFIG
     # horovodrun starts Horovod ranks only; the other launchers give each rank what its
     # TF_CONFIG is built from.
-    job_launchers = frozenset({"slurm", "lsf", "mpirun"})
     options = (NODE_EXCHANGE, COLLECTIVE)
 
     @classmethod
@@ -106,7 +106,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     def setup(self) -> None:
         import tensorflow as tf
 
-        from tfscale import multiworker as keras_fix
+        from tfscale.strategies import keras_multiworker as keras_fix
 
         if "TF_CONFIG" not in os.environ:
             env = cluster_env.detect()
@@ -140,14 +140,14 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         self._patches.enter_context(keras_fix.enabled())
         self.reduce = self._shared_memory_reduce(workers)
         # The fix's own exchange for users' scripts then follows --node_exchange's choice.
-        keras_fix.set_node_exchange(self.tf_strategy, self.reduce, self.exchange_plan)
+        keras_fix.set_all_reduce(self.tf_strategy, self.reduce, self.exchange_plan)
         if self.replicas_in_process == 1:
             # Each step's logs stay the worker's own; MetricAverage averages the epoch's.
             keras_fix.keep_logs_local(self.tf_strategy)
 
     def _shared_memory_reduce(self, workers: list[str]) -> HierarchicalAllReduce | None:
         """The gradients' all-reduce through shared memory where
-        :func:`tfscale.collectives.exchange.worker_reduction` (which users' scripts share)
+        :func:`tfscale.exchange.setup.worker_reduction` (which users' scripts share)
         takes it: every worker on one node, one replica each, and no --xla=jit compiling the
         whole step (on CPUs it compiles the model's passes only); else None. A collective.
 
@@ -168,8 +168,8 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         return None if reduce is None else transient(reduce)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-        from tfscale.collectives import timing
-        from tfscale.multiworker import sum_gradients_with
+        from tfscale.exchange import timing
+        from tfscale.strategies.keras_multiworker import sum_gradients_with
 
         if self.reduce is not None:
             return sum_gradients_with(optimizer, self.reduce.sum)
@@ -192,7 +192,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
 
     def teardown(self) -> None:
         if not self.alone and hasattr(self, "tf_strategy"):
-            from tfscale import multiworker as keras_fix
+            from tfscale.strategies import keras_multiworker as keras_fix
 
             keras_fix.average_logs_with(self.tf_strategy, None)
         if hasattr(self, "_patches"):
@@ -218,7 +218,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         # per_worker_dataset: a distributed iterator cost 7% of an mlp step); otherwise,
         # building it "from a function" tells TF exactly that (no auto-sharding, no
         # re-batching of a supposed global batch).
-        from tfscale import multiworker as keras_fix
+        from tfscale.strategies import keras_multiworker as keras_fix
 
         if not self.alone:
             return keras_fix.per_worker_dataset(dataset)

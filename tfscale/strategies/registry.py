@@ -17,12 +17,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from tfscale import options
-from tfscale.registry import Registry
+from tfscale.config import options
+from tfscale.config.registry import Registry
 from tfscale.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from tfscale.config import TrainConfig
+    from tfscale.config.train_config import TrainConfig
 
 ENTRY_POINT_GROUP = "tfscale.strategies"
 
@@ -54,7 +54,7 @@ def _adopt(name: str, cls: type[Strategy], source: str) -> None:
 # The first lookup loads the installed plugins too, so every caller sees them.
 STRATEGIES: Registry[type[Strategy]] = Registry("strategy", entry_point_group=ENTRY_POINT_GROUP,
                                                 adopt=_adopt)
-# Each strategy's options, for the flags and configs (tfscale.options).
+# Each strategy's options, for the flags and configs (tfscale.config.options).
 options.add_source("strategy", lambda: ((entry.name, entry.obj.options) for entry in STRATEGIES))
 
 
@@ -92,7 +92,7 @@ def unread_flags(config: TrainConfig,
 def check_config(config: TrainConfig) -> None:
     """Checks ``config`` against its strategy's class: no flag that only other strategies
     understand, then the strategy's own :meth:`Strategy.validate_config`. An unknown strategy
-    is left to the lookup (:func:`create`, ``tfscale.plugins.validate_names``), whose error
+    is left to the lookup (:func:`create`, ``tfscale.cli.plugins.validate_names``), whose error
     lists the available ones.
 
     Raises:
@@ -115,3 +115,6 @@ def create(config: TrainConfig) -> Strategy:
         UnknownNameError: listing the available strategies.
     """
     return STRATEGIES.get(config.strategy)(config)
+
+
+options.add_check("strategy", check_config)

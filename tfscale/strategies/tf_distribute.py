@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tfscale.collectives.interface import check_op, reduce_rows
-from tfscale.collectives.tf_distribute import gather_rows
+from tfscale.exchange.interface import check_op, reduce_rows
+from tfscale.exchange.tf_distribute import gather_rows
 from tfscale.strategies.base import Strategy
 
 if TYPE_CHECKING:
