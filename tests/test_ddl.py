@@ -19,7 +19,8 @@ from tests.conftest import TINY, read_results, requires_horovod, run_process, ru
 from tests.equivalence import WORKER, assert_replicas_equal, load_weights, max_abs_diff, reference
 from tfscale.callbacks import DDLGlobalVariablesBroadcast, DDLMetricSync, check_ddl_order
 from tfscale.config.train_config import TrainConfig
-from tfscale.exchange.hierarchical import Topology, fuse, unfuse
+from tfscale.exchange.fusion import fuse, unfuse
+from tfscale.exchange.topology import Topology
 from tfscale.strategies import STRATEGIES
 from tfscale.strategies.ddl import DDLStrategy
 
@@ -73,7 +74,7 @@ def test_fuse_pads_to_the_node_size_and_unfuse_restores_shapes() -> None:
 
 def test_ddl_is_a_registered_horovod_style_strategy() -> None:
     assert STRATEGIES.get("ddl") is DDLStrategy
-    assert DDLStrategy.launcher == "horovod"
+    assert DDLStrategy.rendezvous == "horovod"
     assert DDLStrategy(TrainConfig(strategy="ddl")).jit_scope == "model"
 
 

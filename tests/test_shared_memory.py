@@ -14,8 +14,9 @@ import pytest
 
 from tfscale.config.errors import describe_peer_failure
 from tfscale.exchange import shared_memory
-from tfscale.exchange.hierarchical import HierarchicalAllReduce, Topology, open_shared_memory
+from tfscale.exchange.hierarchical import HierarchicalAllReduce, open_shared_memory
 from tfscale.exchange.shared_memory import PeerTimeout, SharedMemoryGroup
+from tfscale.exchange.topology import Topology
 
 # Calls of several tensors of one dtype, in shapes that do not fill whole cache lines: a scalar,
 # an empty tensor, odd sizes; the float32 list comes back in the last call.

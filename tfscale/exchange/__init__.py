@@ -1,26 +1,33 @@
-"""The bottom layer: collectives, the Horovod runtime and the gradient all-reduce algorithms.
+"""Everything that moves gradients between workers: the bottom of tfscale (docs/GLOSSARY.md).
 
-Strategies (:mod:`tfscale.strategies`), callbacks (:mod:`tfscale.callbacks`), the Horovod API
-for users' scripts (:mod:`tfscale.horovod`) and users' own loops all build on it; it imports
-none of them. TensorFlow, Keras and Horovod are imported inside the functions that use them,
-so that reading a strategy class (for ``--help`` or a job script) stays free of them.
+Strategies, callbacks, the Horovod API for users' scripts (:mod:`tfscale.horovod`) and users'
+own loops build on it; it imports none of them. TensorFlow, Keras and Horovod are imported
+inside the functions that use them, so that reading a strategy class (for ``--help`` or a job
+script) stays free of them.
 
-- :mod:`~tfscale.exchange.interface`: :class:`Collectives`, what strategies and callbacks
-  exchange (small float64 vectors, Keras variables);
-- :mod:`~tfscale.exchange.horovod_runtime`: Horovod's process group and collectives for Keras 3;
-- :mod:`~tfscale.exchange.optimizer`: gradient reduction inside a Keras 3 optimizer
-  (Horovod's ``DistributedOptimizer``, or any reduce function);
-- :mod:`~tfscale.exchange.hierarchical`: the topology-aware all-reduce of the ``ddl``
-  strategy;
-- :mod:`~tfscale.exchange.setup`: setting up a job's gradient exchange (shared memory
-  inside a node), one path for the strategies and users' scripts;
-- :mod:`~tfscale.scripts.horovod_api`: Horovod's API for users' scripts over that exchange.
+- :mod:`~tfscale.exchange.interface`: :class:`Collectives`, the host collectives strategies and
+  callbacks use (small float64 vectors, Keras variables);
+- :mod:`~tfscale.exchange.horovod_runtime`: Horovod's process group for Keras 3, its start-up
+  and process sets;
+- :mod:`~tfscale.exchange.tf_distribute`: host collectives through a ``tf.distribute`` strategy;
+- :mod:`~tfscale.exchange.topology`: which ranks share a node;
+- :mod:`~tfscale.exchange.placement`: what carries the node exchange (``--node_exchange``);
+- :mod:`~tfscale.exchange.shared_memory`: the node exchange through shared memory;
+- :mod:`~tfscale.exchange.cross_node`: TensorFlow's cross-node sum (``multiworker``);
+- :mod:`~tfscale.exchange.fusion`: many tensors as one buffer;
+- :mod:`~tfscale.exchange.hierarchical`: the hierarchical all-reduce;
+- :mod:`~tfscale.exchange.optimizer`: the gradient exchange inside a Keras 3 optimizer
+  (gradient lag and accumulation included);
+- :mod:`~tfscale.exchange.setup`: setting up a job's exchange, one path for the strategies and
+  users' scripts;
+- :mod:`~tfscale.exchange.timing`: the exchange's share of each step.
 """
 
-from tfscale.exchange.hierarchical import HierarchicalAllReduce, Topology
+from tfscale.exchange.hierarchical import HierarchicalAllReduce
 from tfscale.exchange.horovod_runtime import HorovodCollectives, import_horovod
 from tfscale.exchange.interface import Collectives, default_collectives
 from tfscale.exchange.optimizer import with_gradient_reduction
+from tfscale.exchange.topology import Topology
 
 __all__ = ["Collectives", "HierarchicalAllReduce", "HorovodCollectives", "Topology",
            "default_collectives", "import_horovod", "with_gradient_reduction"]

@@ -38,162 +38,15 @@ from typing import Any
 import numpy as np
 
 from tfscale.exchange import placement, shared_memory
-from tfscale.exchange.horovod_runtime import import_horovod
-from tfscale.exchange.interface import check_op, reduce_rows
-
-DYNAMIC_SETS_HINT = (
-    "several nodes of several processes need Horovod process sets registered after start-up: "
-    "initialise Horovod with hvd.init(process_sets='dynamic') (or leave it to "
-    "HierarchicalAllReduce.create / --strategy=ddl)"
+from tfscale.exchange.fusion import fuse, unfuse
+from tfscale.exchange.horovod_runtime import (
+    discover_topology,
+    horovod_transport,
+    register_process_sets,
+    start_horovod,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Topology:
-    """Processes grouped into nodes of equal size.
-
-    Attributes:
-        nodes: each node's global ranks, in local-index order.
-        rank: this process's global rank.
-    """
-
-    nodes: tuple[tuple[int, ...], ...]
-    rank: int
-
-    def __post_init__(self) -> None:
-        sizes = {len(node) for node in self.nodes}
-        if len(sizes) != 1 or 0 in sizes:
-            raise ValueError(
-                f"ranks do not form nodes of equal size ({self._layout()}); hierarchical "
-                "all-reduce needs the same number of processes on every node: fix the host "
-                "list or regroup the ranks with --ddl_local_size")
-        ranks = sorted(r for node in self.nodes for r in node)
-        if ranks != list(range(len(ranks))) or self.rank not in ranks:
-            raise ValueError(f"nodes {self._layout()} do not hold each of ranks 0..{len(ranks) - 1}"
-                             f" exactly once (with this process's rank {self.rank})")
-
-    def _layout(self) -> str:
-        return ", ".join(f"node {i}: ranks {list(node)}" for i, node in enumerate(self.nodes))
-
-    @classmethod
-    def from_placement(cls, placement: Sequence[tuple[int, int]], rank: int) -> Topology:
-        """The topology where rank ``r`` is local index ``placement[r][1]`` of node
-        ``placement[r][0]`` (Horovod's cross rank and local rank under a uniform layout).
-
-        Raises:
-            ValueError: if the placement does not form equal nodes with local indices
-                ``0..L-1`` each used once per node.
-        """
-        by_node: dict[int, dict[int, int]] = {}
-        for r, (node, local) in enumerate(placement):
-            if local in by_node.setdefault(node, {}):
-                raise ValueError(f"ranks {by_node[node][local]} and {r} both claim local index "
-                                 f"{local} on node {node}; the launcher's layout is inconsistent")
-            by_node[node][local] = r
-        nodes = []
-        for node in sorted(by_node):
-            locals_ = by_node[node]
-            if sorted(locals_) != list(range(len(locals_))):
-                raise ValueError(f"node {node} has local indices {sorted(locals_)}; expected "
-                                 f"0..{len(locals_) - 1}")
-            nodes.append(tuple(locals_[j] for j in range(len(locals_))))
-        return cls(tuple(nodes), rank)
-
-    @classmethod
-    def regular(cls, size: int, local_size: int, rank: int) -> Topology:
-        """``size`` ranks in nodes of ``local_size``: rank ``r`` on node ``r // local_size``.
-
-        Raises:
-            ValueError: if ``local_size`` does not divide ``size``.
-        """
-        if local_size < 1 or size % local_size:
-            raise ValueError(f"--ddl_local_size={local_size} does not divide the job's {size} "
-                             f"processes into equal nodes; choose a divisor of {size}")
-        return cls(tuple(tuple(range(s, s + local_size)) for s in range(0, size, local_size)),
-                   rank)
-
-    @property
-    def size(self) -> int:
-        return sum(len(node) for node in self.nodes)
-
-    @property
-    def local_size(self) -> int:
-        """Processes per node."""
-        return len(self.nodes[0])
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.nodes)
-
-    @property
-    def node_index(self) -> int:
-        return next(i for i, node in enumerate(self.nodes) if self.rank in node)
-
-    @property
-    def local_index(self) -> int:
-        return self.nodes[self.node_index].index(self.rank)
-
-    @property
-    def node_ranks(self) -> tuple[int, ...]:
-        """The ranks on this process's node (phases 1 and 3)."""
-        return self.nodes[self.node_index]
-
-    @property
-    def cross_ranks(self) -> tuple[int, ...]:
-        """The ranks with this process's local index, one per node (phase 2)."""
-        return tuple(node[self.local_index] for node in self.nodes)
-
-    def describe(self) -> str:
-        return f"{self.num_nodes} node(s) x {self.local_size} process(es)"
-
-
-def start_horovod() -> ModuleType:
-    """``horovod.tensorflow``, initialised with dynamic process sets unless already running."""
-    hvd = import_horovod()
-    if not hvd.is_initialized():
-        hvd.init(process_sets="dynamic")
-    return hvd
-
-
-def discover_topology(hvd: ModuleType, local_size: int = 0) -> Topology:
-    """The job's nodes: ``rank // local_size`` when ``local_size`` is given, else Horovod's
-    cross and local ranks gathered from every process (a collective: all must call it)."""
-    if local_size:
-        return Topology.regular(int(hvd.size()), local_size, int(hvd.rank()))
-    import tensorflow as tf
-
-    mine = tf.constant([[hvd.cross_rank(), hvd.local_rank()]], dtype=tf.int32)
-    table = hvd.allgather(mine, name="tfscale.ddl.topology").numpy()
-    return Topology.from_placement([(int(n), int(j)) for n, j in table], int(hvd.rank()))
-
-
-def register_process_sets(hvd: ModuleType, topology: Topology) -> tuple[Any, Any]:
-    """Horovod process sets for the node phases and the cross-node phase of this process, or
-    None for a phase that is skipped.
-
-    Every process registers every node's and every local index's set, in the same order
-    (Horovod requires identical registration everywhere). A group that spans the whole job is
-    Horovod's global set, which needs no registration.
-
-    Raises:
-        RuntimeError: if sets must be registered but Horovod was started without dynamic sets.
-    """
-    local, nodes = topology.local_size, topology.num_nodes
-    if local == 1 or nodes == 1:
-        whole = hvd.global_process_set
-        return (whole if local > 1 else None), (whole if nodes > 1 else None)
-    if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") != "1":
-        raise RuntimeError(f"{topology.describe()}: {DYNAMIC_SETS_HINT}")
-    node_sets = [hvd.add_process_set(list(node)) for node in topology.nodes]
-    cross_sets = [hvd.add_process_set([node[j] for node in topology.nodes])
-                  for j in range(local)]
-    return node_sets[topology.node_index], cross_sets[topology.local_index]
-
-
-def horovod_transport(hvd: ModuleType) -> str:
-    """What carries Horovod's collectives in this job: "Horovod (MPI)" or "Horovod (Gloo)"."""
-    mpi = getattr(hvd, "mpi_enabled", lambda: False)()
-    return "Horovod (MPI)" if mpi else "Horovod (Gloo)"
+from tfscale.exchange.interface import check_op, reduce_rows
+from tfscale.exchange.topology import Topology
 
 
 def open_shared_memory(hvd: ModuleType, topology: Topology, mode: str = "auto",
@@ -237,61 +90,10 @@ def shared_memory_group(token: int, topology: Topology, plan: placement.Exchange
                                       timeout_s or 600.0, ranks=topology.node_ranks)
 
 
-# TF collective group keys of the cross-node phase, one per local index, far above those
-# that tf.distribute allocates from 1 upwards.
-CROSS_GROUP_KEY = 0x3A000000
-CROSS_INSTANCE_KEY = 0x3B000000
-
-
-def tf_cross_node_sum(topology: Topology, timeout_s: float = 0.0) -> Callable[[Any, str], Any]:
-    """Phase 2 in a ``tf.distribute`` cluster (MultiWorkerMirroredStrategy's workers): a TF
-    collective sum among the processes with this process's local index, one per node, over
-    the cluster's own transport (gRPC). Each local index is a group of its own, keyed by it;
-    each call site (its tag) an instance of its own, the same on every process.
-
-    Args:
-        topology: the job's nodes.
-        timeout_s: a call's timeout (0: none; the strategy's own peer checks stop a job whose
-            peer died).
-    """
-    import zlib
-
-    import tensorflow as tf
-
-    group_key = CROSS_GROUP_KEY + topology.local_index
-
-    def cross_sum(chunk: Any, tag: str) -> Any:
-        return tf.raw_ops.CollectiveReduceV2(
-            input=chunk, group_size=topology.num_nodes, group_key=group_key,
-            instance_key=CROSS_INSTANCE_KEY + zlib.crc32(tag.encode()) % 0x1000000,
-            ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring",
-            timeout_seconds=float(timeout_s))
-
-    return cross_sum
-
-
 def new_token() -> int:
     """A random 48-bit number: rank 0's names the job's shared-memory segments (exact in a
     float64 too, for collectives that carry only floats)."""
     return int.from_bytes(os.urandom(6), "little")
-
-
-def fuse(tensors: Sequence[Any], multiple: int) -> Any:
-    """One flat buffer of ``tensors`` (same dtype), zero-padded to a multiple of ``multiple``."""
-    import tensorflow as tf
-
-    flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
-    n = sum(t.shape.num_elements() for t in tensors)
-    return tf.pad(flat, [[0, -n % multiple]])
-
-
-def unfuse(buffer: Any, like: Sequence[Any]) -> list[Any]:
-    """Splits a buffer made by :func:`fuse` back into tensors shaped like ``like``."""
-    import tensorflow as tf
-
-    sizes = [t.shape.num_elements() for t in like]
-    parts = tf.split(buffer[:sum(sizes)], sizes)
-    return [tf.reshape(p, t.shape) for p, t in zip(parts, like, strict=True)]
 
 
 @dataclasses.dataclass
@@ -321,7 +123,7 @@ class HierarchicalAllReduce:
         cross_sum: phase 2 without Horovod, with the shared-memory node phases: a function
             of (this process's summed chunk, a tag naming the call site) that sums the chunk
             over the processes with this local index, one per node (a ``tf.distribute``
-            cluster's own collective: :func:`tf_cross_node_sum`).
+            cluster's own collective: :func:`tfscale.exchange.cross_node.tf_cross_node_sum`).
         transient: with shared memory, return views of its buffers instead of copies. Such a
             result is overwritten two calls later, so only for tensors used up within the
             step that made them: gradients applied by the optimizer (the ``ddl`` strategy's

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tfscale.exchange.topology import Topology
+
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
@@ -194,3 +196,59 @@ class HorovodCollectives:
 
     def broadcast_variables(self, variables: Sequence[keras.Variable], root: int = 0) -> None:
         broadcast_variables(variables, root, process_set=self.process_set)
+
+
+DYNAMIC_SETS_HINT = (
+    "several nodes of several processes need Horovod process sets registered after start-up: "
+    "initialise Horovod with hvd.init(process_sets='dynamic') (or leave it to "
+    "HierarchicalAllReduce.create / --strategy=ddl)"
+)
+
+
+def start_horovod() -> ModuleType:
+    """``horovod.tensorflow``, initialised with dynamic process sets unless already running."""
+    hvd = import_horovod()
+    if not hvd.is_initialized():
+        hvd.init(process_sets="dynamic")
+    return hvd
+
+
+def discover_topology(hvd: ModuleType, local_size: int = 0) -> Topology:
+    """The job's nodes: ``rank // local_size`` when ``local_size`` is given, else Horovod's
+    cross and local ranks gathered from every process (a collective: all must call it)."""
+    if local_size:
+        return Topology.regular(int(hvd.size()), local_size, int(hvd.rank()))
+    import tensorflow as tf
+
+    mine = tf.constant([[hvd.cross_rank(), hvd.local_rank()]], dtype=tf.int32)
+    table = hvd.allgather(mine, name="tfscale.ddl.topology").numpy()
+    return Topology.from_placement([(int(n), int(j)) for n, j in table], int(hvd.rank()))
+
+
+def register_process_sets(hvd: ModuleType, topology: Topology) -> tuple[Any, Any]:
+    """Horovod process sets for the node phases and the cross-node phase of this process, or
+    None for a phase that is skipped.
+
+    Every process registers every node's and every local index's set, in the same order
+    (Horovod requires identical registration everywhere). A group that spans the whole job is
+    Horovod's global set, which needs no registration.
+
+    Raises:
+        RuntimeError: if sets must be registered but Horovod was started without dynamic sets.
+    """
+    local, nodes = topology.local_size, topology.num_nodes
+    if local == 1 or nodes == 1:
+        whole = hvd.global_process_set
+        return (whole if local > 1 else None), (whole if nodes > 1 else None)
+    if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") != "1":
+        raise RuntimeError(f"{topology.describe()}: {DYNAMIC_SETS_HINT}")
+    node_sets = [hvd.add_process_set(list(node)) for node in topology.nodes]
+    cross_sets = [hvd.add_process_set([node[j] for node in topology.nodes])
+                  for j in range(local)]
+    return node_sets[topology.node_index], cross_sets[topology.local_index]
+
+
+def horovod_transport(hvd: ModuleType) -> str:
+    """What carries Horovod's collectives in this job: "Horovod (MPI)" or "Horovod (Gloo)"."""
+    mpi = getattr(hvd, "mpi_enabled", lambda: False)()
+    return "Horovod (MPI)" if mpi else "Horovod (Gloo)"

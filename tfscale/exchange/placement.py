@@ -7,7 +7,7 @@ The one owner of the per-node transport decision: the ``horovod``, ``ddl`` and
 "The same node" has two meanings that a cluster keeps apart and a single machine blurs:
 
 - the launcher's grouping (Horovod's local ranks, the hosts of a ``TF_CONFIG``, Slurm's node
-  list): a :class:`~tfscale.exchange.hierarchical.Topology`;
+  list): a :class:`~tfscale.exchange.topology.Topology`;
 - whether two processes can map the same file in ``/dev/shm``: the *shared-memory domain* of
   :func:`shm_domain` (the kernel's boot id, and the device and inode of ``/dev/shm``).
 

@@ -25,16 +25,15 @@ import numpy as np
 
 from tfscale.cluster import environment as cluster_env
 from tfscale.exchange import placement
+from tfscale.exchange.cross_node import tf_cross_node_sum
 from tfscale.exchange.hierarchical import (
-    DYNAMIC_SETS_HINT,
     HierarchicalAllReduce,
-    Topology,
-    horovod_transport,
     new_token,
     open_shared_memory,
     shared_memory_group,
-    tf_cross_node_sum,
 )
+from tfscale.exchange.horovod_runtime import DYNAMIC_SETS_HINT, horovod_transport
+from tfscale.exchange.topology import Topology
 
 #: The environment variable that chooses a user script's node exchange (``--node_exchange``'s
 #: values: auto, shared_memory, collectives).
@@ -149,7 +148,7 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
     On one host, shared memory carries the whole all-reduce. On several, it carries the node
     phases of the hierarchical all-reduce, and the cluster's own collective (gRPC) the
     cross-node phase among the workers with the same local index
-    (:func:`~tfscale.exchange.hierarchical.tf_cross_node_sum`); every host must then run as
+    (:func:`~tfscale.exchange.cross_node.tf_cross_node_sum`); every host must then run as
     many workers. One replica per worker. A collective where the mode allows shared memory and
     ``why_not`` is empty: every worker decides alike from the same mode, workers and reasons,
     and then all call ``sum_all``.

@@ -30,7 +30,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from tfscale.config.options import Option
-from tfscale.exchange.hierarchical import HierarchicalAllReduce, start_horovod
+from tfscale.exchange.hierarchical import HierarchicalAllReduce
+from tfscale.exchange.horovod_runtime import start_horovod
 from tfscale.strategies.horovod import FP16_ALLREDUCE, HorovodStrategy
 
 if TYPE_CHECKING:

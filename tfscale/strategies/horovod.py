@@ -26,8 +26,8 @@ import numpy as np
 
 from tfscale.cluster import environment as cluster_env
 from tfscale.config.options import Option
-from tfscale.exchange.hierarchical import HierarchicalAllReduce, start_horovod
-from tfscale.exchange.horovod_runtime import HorovodCollectives, check_installed
+from tfscale.exchange.hierarchical import HierarchicalAllReduce
+from tfscale.exchange.horovod_runtime import HorovodCollectives, check_installed, start_horovod
 from tfscale.exchange.optimizer import horovod_allreduce, with_gradient_reduction
 from tfscale.exchange.placement import NODE_EXCHANGE
 from tfscale.exchange.setup import (
