@@ -188,8 +188,8 @@ def _best_line(rows: list[Row], records: list[dict[str, Any]],
     minutes = curve.minutes(best.global_batch, best.images_per_sec)
     if best is known[-1] and best is not rows[-1]:
         return (f"fewest minutes to {curve.target}: {best.nodes} nodes ({minutes:.2f} min), "
-                f"the largest node count here whose global batch was measured; beyond it "
-                f"not measured")
+                "the largest node count here whose epochs to the target are known (above: "
+                "why the larger ones are not)")
     if best is rows[-1]:
         return (f"fewest minutes to {curve.target}: {best.nodes} nodes ({minutes:.2f} min), "
                 "the largest asked for: more nodes may shorten the run further")

@@ -95,8 +95,7 @@ def _time_panels(axes: Sequence[Any], rows: Sequence[Row], curve: EpochsCurve) -
                             (best.nodes, minutes), textcoords="offset points", xytext=(6, 10),
                             fontsize=9)
     if missing:
-        note = ("not measured: " + ", ".join(str(n) for n in missing) + " nodes\n"
-                "(global batch outside the curve)")
+        note = f"not known at {', '.join(str(n) for n in missing)} nodes"
         for ax in (epochs_ax, minutes_ax):
-            ax.text(0.98, 0.03, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
-                    color="dimgrey")
+            ax.set_title(f"{ax.get_title()}\n({note}: not measured or not reached)",
+                         fontsize=10)
