@@ -3,25 +3,31 @@ errors, the CLI's JSON rows, and --calibrate writing a machine file. No timing i
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tfscale.forecast import accuracy, calibrate, machines
+from tfscale.forecast import accuracy, calibrate, efficiency, machines
 from tfscale.forecast.model import (
     Exchange,
     Link,
     best_exchange,
+    expected_max,
     flat_allreduce_s,
     hierarchical_allreduce_s,
+    host_bytes,
     negotiation_s,
     overlap_exchange,
     reduce_scatter_s,
     ring_allreduce_s,
+    straggler_factor,
 )
 from tfscale.forecast.predict import Plan, compare_measured, forecast
 
@@ -113,6 +119,32 @@ def test_fp16_halves_the_bytes_and_is_recommended_only_when_it_pays() -> None:
     assert best_exchange(steps.__getitem__, [exact, half])[0] == half
 
 
+def test_host_time_where_ranks_share_a_core_by_hand() -> None:
+    # What a node's ranks put through the transport: a flat ring over 2x2 ranks sends 2*3/4 of
+    # the message from each of the node's 2 ranks; hierarchical, one 2*(2-1)/2 of it in all.
+    assert host_bytes(1e6, "flat", 2, 2) == pytest.approx(2 * 1.5e6)
+    assert host_bytes(1e6, "hierarchical", 2, 2) == pytest.approx(1e6)
+    assert host_bytes(1e6, "flat", 2, 1) == 0.0
+    intra, inter = Link(10.0, 0.0), Link(1.0, 5.0)
+    wire = flat_allreduce_s(1e6, 2, 2, intra, inter)  # 6 x 5 us + 1.5e6 bytes at 1 GB/s
+    flat = Exchange("flat")
+    # A slow host: 2 ns a byte of 3e6 bytes, plus the 6 latencies, is longer than the wire.
+    assert flat.allreduce(2, 2, intra, inter, 2e-9)(1e6) == pytest.approx(30e-6 + 6e-3)
+    # A fast host hides behind the wire; no host figure, no host time.
+    assert flat.allreduce(2, 2, intra, inter, 1e-10)(1e6) == pytest.approx(wire)
+    assert flat.allreduce(2, 2, intra, inter)(1e6) == pytest.approx(wire)
+
+
+def test_stragglers_grow_with_the_expected_slowest_rank() -> None:
+    assert expected_max(1) == 0.0
+    assert expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), abs=0.03)  # exact value
+    assert expected_max(1000) == pytest.approx(3.24, abs=0.03)  # tables of normal maxima
+    assert straggler_factor(6, 6, 0.05) == 1.0
+    assert straggler_factor(12, 6, 0.0) == 1.0
+    growth = [straggler_factor(6 * n, 6, 0.01) for n in (2, 16, 1024)]
+    assert 1.0 < growth[0] < growth[1] < growth[2] < 1.04
+
+
 # --- machine files ----------------------------------------------------------------------------
 
 def test_every_preset_loads_and_cites_its_links() -> None:
@@ -147,8 +179,14 @@ def _summit() -> dict:
     (lambda d: d["models"]["resnet50"].update(backward_fraction=1.5),
      "field 'models.resnet50.backward_fraction' must be a number > 0 and <= 1"),
     (lambda d: d["exchange"].update(overlap="yes"), "field 'exchange.overlap' must be true"),
+    (lambda d: d["stragglers"].update(step_cv=2), "field 'stragglers.step_cv' must be a number"),
+    (lambda d: d["exchange"].update(host_ns_per_byte=-1),
+     "field 'exchange.host_ns_per_byte' must be a number >= 0, got -1"),
+    (lambda d: d["inter_node"].update(software_latency_us="9"),
+     "field 'inter_node.software_latency_us' must be a number >= 0"),
 ], ids=["missing-section", "negative-bandwidth", "missing-source", "zero-ranks",
-        "unknown-precision", "backward-fraction", "overlap-not-bool"])
+        "unknown-precision", "backward-fraction", "overlap-not-bool", "straggler-cv",
+        "host-time", "software-latency"])
 def test_bad_machine_files_name_the_file_and_field(tmp_path: Path, edit, message: str) -> None:
     doc = _summit()
     edit(doc)
@@ -177,7 +215,8 @@ def test_one_node_reproduces_the_figure_it_was_given() -> None:
     one, many = forecast(plan, [1, 1024])
     assert one.images_per_sec == pytest.approx(5320, rel=1e-3)
     assert one.efficiency == 1.0 and 0 < many.efficiency <= 1.0
-    assert many.step_ms == pytest.approx(many.compute_ms + many.exchange_ms)
+    assert many.step_ms == pytest.approx(many.compute_ms + many.exchange_ms
+                                         + many.terms_ms["stragglers"])
 
 
 def test_slow_links_lose_efficiency_and_compare_measured_reports_the_error() -> None:
@@ -259,7 +298,120 @@ def test_cli_usage_errors(tmp_path: Path) -> None:
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+def test_each_row_says_which_term_dominates() -> None:
+    summit = Plan(machines.load("summit"), "resnet50", "mixed_float16", 256)
+    one, many = forecast(summit, [1, 1024])
+    assert one.dominant == many.dominant == "compute"
+    assert set(many.terms_ms) == {"compute", "bandwidth", "latency", "host time", "stragglers"}
+    assert many.terms_ms["stragglers"] > 0 == one.terms_ms["stragglers"]
+    # Two one-core nodes sharing each core between 2 ranks of mlp over 1 Gbit/s: the link.
+    slow = Plan(machines.load("minicluster_1gbit"), "mlp", "fp32", 64, 2,
+                (("algorithm", "flat"), ("fp16", False)))
+    assert forecast(slow, [2])[0].dominant == "bandwidth"
+    # At 25 Gbit/s the core, not the link: the same flat ring's bytes cost host time.
+    fast = dataclasses.replace(slow, machine=machines.load("minicluster_25gbit"))
+    assert forecast(fast, [2])[0].dominant == "host time"
+
+
+# --- time to a target: statistical efficiency ---------------------------------------------------
+
+def _efficiency(tmp_path: Path, points: list[tuple[int, float | None]], **extra: object) -> Path:
+    path = tmp_path / "efficiency_test.json"
+    path.write_text(json.dumps({
+        "dataset": "digits", "model": "resnet50_tiny",
+        "target": {"metric": "val_accuracy", "value": 0.9}, "source": "by hand",
+        "per_worker_batch": 16, **extra,
+        "points": [{"global_batch": b, "epochs_to_target": e,
+                    "steps_to_target": None if e is None else e * 1440 / b, "seeds": 3,
+                    "reached": 0 if e is None else 3} for b, e in points]}))
+    return path
+
+
+def test_efficiency_curve_is_log_log_between_measured_batches_and_silent_outside(
+        tmp_path: Path) -> None:
+    curve = efficiency.load(str(_efficiency(
+        tmp_path, [(16, 2.0), (32, 2.0), (64, 3.0), (128, 8.0), (256, None)])))
+    assert curve.train_images == 1440  # steps x global batch / epochs
+    assert curve.target == "val_accuracy >= 0.9"
+    assert curve.epochs(64) == 3.0 and curve.epochs(24) == pytest.approx(2.0)
+    # Halfway in log(batch) between 64 and 128 is halfway in log(epochs): sqrt(3 x 8).
+    assert curve.epochs(91) == pytest.approx(math.sqrt(24), rel=0.01)
+    assert curve.minutes(128, 1440 / 60) == pytest.approx(8.0)
+    for batch, reason in ((8, "no global batch below 16, the smallest"),
+                          (512, "no global batch above 256, the largest"),
+                          (192, "no seed reached val_accuracy >= 0.9 at global batch 256"),
+                          (256, "no seed reached val_accuracy >= 0.9 at global batch 256")):
+        assert curve.epochs(batch) is None and curve.minutes(batch, 1.0) is None
+        assert reason in curve.unknown(batch)
+    # The ImageNet table in the same terms: 90 epochs at every published batch.
+    table = accuracy.load_table().curve()
+    assert table.epochs(4096) == pytest.approx(90) and table.epochs(65536) is None
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.pop("target"), "field 'target' is missing"),
+    (lambda d: d["points"][0].update(global_batch=0), "points[0].global_batch' must be a whole"),
+    (lambda d: d["points"][1].update(epochs_to_target=-1), "points[1].epochs_to_target' must"),
+    (lambda d: [p.pop("steps_to_target") for p in d["points"]],
+     "field 'train_images' is missing, and no point gives steps_to_target"),
+    (lambda d: d["points"].append(dict(d["points"][0])), "has a global_batch twice"),
+], ids=["target", "batch", "epochs", "train-images", "duplicate"])
+def test_bad_efficiency_files_name_the_file_and_field(tmp_path: Path, edit,
+                                                     message: str) -> None:
+    path = _efficiency(tmp_path, [(16, 2.0), (32, 3.0)])
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as err:
+        efficiency.load(str(path))
+    assert str(err.value).startswith(str(path)) and message in str(err.value)
+    with pytest.raises(ValueError, match="--efficiency=nope: no such file or shipped curve"):
+        efficiency.load("nope")
+
+
+def test_cli_time_to_target_marks_the_node_count_with_the_fewest_minutes(
+        tmp_path: Path) -> None:
+    curve = _efficiency(tmp_path, [(16, 2.0), (32, 2.0), (64, 3.0), (128, 8.0), (256, 20.0)])
+    out, png = tmp_path / "rows.json", tmp_path / "plot.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfscale.forecast", "--machine=minicluster_1gbit",
+         "--model=resnet50_tiny", "--batch_size=16", "--nodes=1,2,4,8,16,32",
+         f"--efficiency={curve}", f"--json={out}", f"--plot={png}"], cwd=ROOT,
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())
+    minutes = {r["nodes"]: r["time_to_accuracy_min"] for r in rows}
+    assert minutes[32] is None and "above 256" in rows[-1]["accuracy_unknown"]
+    known = {n: m for n, m in minutes.items() if m is not None}
+    best = min(known, key=known.__getitem__)
+    assert best == 4  # epochs grow faster than images/s past a global batch of 64
+    assert [r["nodes"] for r in rows if r["fastest"]] == [best]
+    assert rows[2]["epochs"] == 3.0 and rows[2]["target"] == "val_accuracy >= 0.9"
+    assert known[4] == pytest.approx(3.0 * 1440 / rows[2]["images_per_sec"] / 60)
+    line = next(x for x in proc.stdout.splitlines() if x.lstrip().startswith("4 "))
+    assert line.endswith("<- fewest minutes")
+    assert ("fewest minutes to val_accuracy >= 0.9: 4 nodes" in proc.stdout
+            and "more nodes no longer shorten the run" in proc.stdout)
+    assert png.stat().st_size > 10_000
+    wrong = subprocess.run(
+        [sys.executable, "-m", "tfscale.forecast", "--machine=minicluster_1gbit", "--model=mlp",
+         "--batch_size=16", "--nodes=1,2", f"--efficiency={curve}"], cwd=ROOT,
+        capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 0 and "was measured with 'resnet50_tiny'" in wrong.stdout
+
+
 # --- calibration ------------------------------------------------------------------------------
+
+def test_calibrate_reads_the_step_spread_and_times_the_host() -> None:
+    lines = "\n".join(f"step {i}/9  loss 1.0  {rate} images/s  elapsed 0:00:01"
+                      for i, rate in enumerate((10, 20, 100, 100, 50, 100, 100), 1))
+    times = [0.01, 0.01, 0.02, 0.01, 0.01]  # seconds per step of batch 1, first two left out
+    spread = statistics.stdev(times) / statistics.mean(times)
+    assert calibrate.step_cv(lines, batch_size=1) == pytest.approx(spread)
+    assert calibrate.step_cv("no progress lines", 1) is None
+    idle, busy = calibrate.host_time(nbytes=1 << 20, seconds=0.2)
+    assert idle > 0 and busy > 0
+
 
 @pytest.mark.slow
 def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
@@ -278,3 +430,4 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     assert "tfscale.train" in figures.source and calibrate.cpu_name() in figures.source
     assert machine.inter == machines.load("minicluster_10gbit").inter
     assert forecast(Plan(machine, "mlp", "fp32", 16), [2])[0].images_per_sec > 0
+    assert machine.host_s_per_byte > 0 and "loopback TCP" in machine.raw["exchange"]["host_source"]

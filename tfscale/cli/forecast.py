@@ -22,9 +22,9 @@ from absl import app, flags
 from tfscale.cli import command, output
 from tfscale.cli.command import parse_flags
 from tfscale.config.train_config import PRECISIONS
-from tfscale.forecast import accuracy, machines
+from tfscale.forecast import accuracy, efficiency, machines
 from tfscale.forecast.model import ALGORITHMS
-from tfscale.forecast.predict import Plan, Row, forecast
+from tfscale.forecast.predict import Plan, Row, fastest, forecast
 from tfscale.training.files import write_json_atomic
 
 _MACHINE = flags.DEFINE_string("machine", "summit", "A preset (summit, dgx_a100, "
@@ -50,6 +50,10 @@ _PLOT = flags.DEFINE_string("plot", "", "Draw images/s and efficiency into this 
 _TABLE = flags.DEFINE_string("accuracy_table", str(accuracy.DEFAULT_TABLE),
                              "Epochs-per-global-batch table for time to accuracy (none: "
                              "leave it out).")
+_EFFICIENCY = flags.DEFINE_string(
+    "efficiency", "", "Statistical-efficiency file: epochs to a target accuracy against the "
+    "global batch (python -m bench.statistical_scaling writes one; a shipped name such as "
+    "digits works too). Replaces --accuracy_table for the epochs and minutes to the target.")
 _MEASURED = flags.DEFINE_list("measured", [], "NODES:IMAGES_PER_SEC of measured or published "
                               "runs: printed with the forecast's error and drawn on the plot.")
 _CALIBRATE = flags.DEFINE_boolean("calibrate", False, "Measure this node with tfscale.train and "
@@ -114,30 +118,35 @@ def _rows_for(machine: machines.Machine, precision: str, nodes: list[int]) -> li
     return rows
 
 
-def _table(rows: list[Row], table: accuracy.AccuracyTable | None,
+def _table(rows: list[Row], curve: efficiency.EpochsCurve | None,
+           table: accuracy.AccuracyTable | None,
            measured: dict[int, float]) -> tuple[str, list[dict[str, Any]]]:
+    best = fastest(rows, curve) if curve else None
     header = (f"{'nodes':>6} {'ranks':>6} {'batch':>7} {'compute':>8} {'exch':>7} {'step':>8} "
-              f"{'images/s':>11} {'eff':>6}" + (f" {'epochs':>6} {'top1':>5} {'min':>8}"
-                                                  if table else "")
-              + (f" {'measured':>11} {'error':>7}" if measured else "") + "  recommended")
+              f"{'images/s':>11} {'eff':>6}" + (f" {'epochs':>7}" if curve else "")
+              + (f" {'top1':>5}" if table else "") + (f" {'min':>8}" if curve else "")
+              + (f" {'measured':>11} {'error':>7}" if measured else "")
+              + f"  {'dominant; largest loss':<24} recommended")
     lines, records = [header], []
     for r in rows:
         record = r.as_json()
         line = (f"{r.nodes:>6} {r.ranks:>6} {r.global_batch:>7} {r.compute_ms:>6.1f}ms "
                 f"{r.exchange_ms:>5.1f}ms {r.step_ms:>6.1f}ms {r.images_per_sec:>11.1f} "
                 f"{100 * r.efficiency:>5.1f}%")
-        if table:
-            need = table.at(r.global_batch)
-            minutes = table.minutes(r.global_batch, r.images_per_sec)
-            if need is None or minutes is None:
-                record.update(epochs=None, expected_top1=None, optimizer=None,
-                              time_to_accuracy_min=None,
-                              accuracy_unknown=table.unknown(r.global_batch))
-                line += f" {'-':>6} {'-':>5} {'-':>8}"
-            else:
-                record.update(epochs=need.epochs, expected_top1=need.top1,
-                              optimizer=need.optimizer, time_to_accuracy_min=minutes)
-                line += f" {need.epochs:>6.1f} {need.top1:>5.3f} {minutes:>8.1f}"
+        if curve:
+            epochs = curve.epochs(r.global_batch)
+            minutes = curve.minutes(r.global_batch, r.images_per_sec)
+            record.update(epochs=epochs, time_to_accuracy_min=minutes, target=curve.target,
+                          fastest=r is best)
+            if epochs is None or minutes is None:
+                record["accuracy_unknown"] = (table or curve).unknown(r.global_batch)
+            line += f" {'-':>7}" if epochs is None else f" {epochs:>7.2f}"
+            if table:
+                need = table.at(r.global_batch)
+                record.update(expected_top1=need and need.top1,
+                              optimizer=need and need.optimizer)
+                line += f" {'-':>5}" if need is None else f" {need.top1:>5.3f}"
+            line += f" {'-':>8}" if minutes is None else f" {minutes:>8.2f}"
         if measured:
             seen = measured.get(r.nodes)
             record.update(measured_images_per_sec=seen, error=None)
@@ -146,9 +155,46 @@ def _table(rows: list[Row], table: accuracy.AccuracyTable | None,
             else:
                 record["error"] = r.images_per_sec / seen - 1
                 line += f" {seen:>11.1f} {100 * record['error']:>+6.1f}%"
-        lines.append(line + "  " + r.recommended.describe())
+        line += f"  {r.describe_terms():<24} {r.recommended.describe()}"
+        lines.append(line + ("  <- fewest minutes" if r is best else ""))
         records.append(record)
     return "\n".join(lines), records
+
+
+def _curve() -> tuple[efficiency.EpochsCurve | None, accuracy.AccuracyTable | None, str]:
+    """Where epochs to the target come from: --efficiency, else the accuracy table when it is
+    for --model; and why there is none, if so."""
+    if _EFFICIENCY.value not in ("", "none"):
+        curve = efficiency.load(_EFFICIENCY.value)
+        if curve.model != _MODEL.value:
+            return None, None, (f"(no time to target: {curve.path} was measured with "
+                                f"{curve.model!r}, not --model={_MODEL.value})")
+        return curve, None, ""
+    if _TABLE.value == "none":
+        return None, None, ""
+    table = accuracy.load_table(_TABLE.value)
+    if table.model != _MODEL.value:
+        return None, None, f"(no time to accuracy: {table.path} is for {table.model!r})"
+    return table.curve(), table, ""
+
+
+def _best_line(rows: list[Row], records: list[dict[str, Any]],
+               curve: efficiency.EpochsCurve) -> str:
+    best = fastest(rows, curve)
+    if best is None:
+        return f"no node count here has a measured global batch in {curve.path.name}"
+    known = [r for r, rec in zip(rows, records, strict=True)
+             if rec["time_to_accuracy_min"] is not None]
+    minutes = curve.minutes(best.global_batch, best.images_per_sec)
+    if best is known[-1] and best is not rows[-1]:
+        return (f"fewest minutes to {curve.target}: {best.nodes} nodes ({minutes:.2f} min), "
+                "the largest node count here whose epochs to the target are known (above: "
+                "why the larger ones are not)")
+    if best is rows[-1]:
+        return (f"fewest minutes to {curve.target}: {best.nodes} nodes ({minutes:.2f} min), "
+                "the largest asked for: more nodes may shorten the run further")
+    return (f"fewest minutes to {curve.target}: {best.nodes} nodes ({minutes:.2f} min); "
+            "more nodes no longer shorten the run")
 
 
 def run_forecast() -> int:
@@ -156,10 +202,9 @@ def run_forecast() -> int:
     nodes = _positive_ints(_NODES.value, "nodes")
     precision = _precision(machine, _MODEL.value)
     rows = _rows_for(machine, precision, nodes)
-    table = None if _TABLE.value == "none" else accuracy.load_table(_TABLE.value)
-    table_fits = table is not None and table.model == _MODEL.value
+    curve, table, missing = _curve()
     measured = _measured()
-    text, records = _table(rows, table if table_fits else None, measured)
+    text, records = _table(rows, curve, table, measured)
     print(f"== forecast: {_MODEL.value} on {machine.name} ({machine.path}), {precision}, "
           f"{rows[0].ranks // rows[0].nodes} ranks per node ==")
     print(text)
@@ -168,10 +213,13 @@ def run_forecast() -> int:
         if record.get("accuracy_unknown"):
             unknown.setdefault(record["accuracy_unknown"], []).append(
                 f"{record['global_batch']:,}")
+    what = "accuracy or time to accuracy" if table else "epochs or time to target"
     for why, batches in unknown.items():
-        print(f"no accuracy or time to accuracy at global batch {' and '.join(batches)}: {why}")
-    if table is not None and not table_fits:
-        print(f"(no time to accuracy: {table.path} is for {table.model!r})")
+        print(f"no {what} at global batch {' and '.join(batches)}: {why}")
+    if curve:
+        print(_best_line(rows, records, curve))
+    if missing:
+        print(missing)
     if _JSON.value:
         write_json_atomic(_JSON.value, records)
     if _PLOT.value not in ("", "none"):
@@ -180,7 +228,7 @@ def run_forecast() -> int:
         path = write_png(rows, _PLOT.value,
                          f"{_MODEL.value} on {machine.name}: batch "
                          + (f"{_GLOBAL.value} global" if _GLOBAL.value else
-                            f"{_BATCH.value} per rank") + f", {precision}", measured)
+                            f"{_BATCH.value} per rank") + f", {precision}", measured, curve)
         print(f"plot: {path.resolve()}")
     return 0
 

@@ -3,7 +3,8 @@
 The rule the default table encodes (ResNet-50 on ImageNet): up to about 8K images per step the
 linear scaling rule with a gradual warmup keeps the small-batch accuracy in the same 90 epochs
 (Goyal et al. 2017); beyond that LARS (You et al. 2017) is needed, and the larger batch costs
-epochs or accuracy. Between rows, epochs and top-1 are interpolated in log2 of the batch;
+epochs or accuracy. Between rows, top-1 is interpolated in log2 of the batch and epochs in log-log
+(:mod:`tfscale.forecast.efficiency`);
 outside the rows nothing is known (no published run), and :meth:`AccuracyTable.unknown` says
 so in words instead of a guess. A user's own table (``--accuracy_table FILE``) replaces the
 default one::
@@ -19,6 +20,8 @@ import json
 import math
 from pathlib import Path
 from typing import Any
+
+from tfscale.forecast.efficiency import EpochsCurve, Point
 
 DEFAULT_TABLE = Path(__file__).with_name("data") / "accuracy_resnet50_imagenet.json"
 
@@ -42,6 +45,7 @@ class AccuracyTable:
     lars_above: int
     rows: tuple[tuple[int, float, float], ...]  # (global batch, epochs, top-1), by batch
     path: Path
+    dataset: str = ""
 
     def unknown(self, global_batch: int) -> str:
         """Why the table knows no accuracy at ``global_batch``, in words; "" when it does."""
@@ -54,25 +58,33 @@ class AccuracyTable:
                 f"{side}, so neither the epochs nor the accuracy there are known")
 
     def at(self, global_batch: int) -> Epochs | None:
-        """Epochs and expected top-1 at ``global_batch`` (log2 interpolation between rows);
-        None outside the rows (see :meth:`unknown`)."""
+        """Epochs (as :meth:`curve` interpolates them) and expected top-1 (linear in log2 of
+        the batch between rows) at ``global_batch``; None outside the rows (see
+        :meth:`unknown`)."""
         optimizer = "LARS" if global_batch > self.lars_above else "SGD, linear scaling + warmup"
-        rows = self.rows
-        if self.unknown(global_batch):
+        epochs = self.curve().epochs(global_batch)
+        if self.unknown(global_batch) or epochs is None:
             return None
-        for (b0, e0, a0), (b1, e1, a1) in zip(rows, rows[1:], strict=False):
+        top1 = self.rows[0][2]
+        for (b0, _, a0), (b1, _, a1) in zip(self.rows, self.rows[1:], strict=False):
             if b0 <= global_batch <= b1:
-                t = math.log2(global_batch / b0) / math.log2(b1 / b0)
-                return Epochs(global_batch, e0 + t * (e1 - e0), a0 + t * (a1 - a0), optimizer)
-        return Epochs(global_batch, rows[0][1], rows[0][2], optimizer)  # a one-row table
+                top1 = a0 + math.log2(global_batch / b0) / math.log2(b1 / b0) * (a1 - a0)
+                break
+        return Epochs(global_batch, epochs, top1, optimizer)
 
     def minutes(self, global_batch: int, images_per_sec: float) -> float | None:
         """Training minutes to the table's accuracy at a forecast throughput; None where the
         accuracy is not known."""
-        need = self.at(global_batch)
-        if need is None:
-            return None
-        return need.epochs * self.train_images / images_per_sec / 60.0
+        return self.curve().minutes(global_batch, images_per_sec)
+
+    def curve(self) -> EpochsCurve:
+        """The table in a statistical-efficiency file's terms: epochs against the global batch
+        (the target is each row's published top-1, which falls with the batch)."""
+        tops = f"{self.rows[0][2]:.3f}" + (f" to {self.rows[-1][2]:.3f}" if len(self.rows) > 1
+                                           else "")
+        return EpochsCurve(self.model, self.dataset, f"the published top-1 ({tops})",
+                           self.train_images, tuple(Point(b, e) for b, e, _ in self.rows),
+                           self.path, "published rows")
 
 
 def load_table(path: str | Path = DEFAULT_TABLE) -> AccuracyTable:
@@ -111,4 +123,5 @@ def load_table(path: str | Path = DEFAULT_TABLE) -> AccuracyTable:
         rows.append((int(row["global_batch"]), float(row["epochs"]), float(row["top1"])))
     rows.sort()
     return AccuracyTable(str(doc["model"]), int(doc["train_images"]),
-                         int(doc.get("lars_above", 8192)), tuple(rows), path)
+                         int(doc.get("lars_above", 8192)), tuple(rows), path,
+                         str(doc.get("dataset", "")))

@@ -9,7 +9,14 @@ Two or three child processes (TensorFlow loads only in them):
 2. a short Python child that loads the model that run saved and counts its trainable weights'
    bytes: the gradient bytes one step exchanges;
 3. only when the train flags name another ``--dataset``: the same run on that data; its
-   images/s is a lower bound of the input pipeline's rate (the run also computes).
+   images/s is a lower bound of the input pipeline's rate (the run also computes);
+4. a NumPy child (no TensorFlow) that times an all-reduce between two processes on one core
+   over loopback TCP while a third keeps that core computing: the host time per byte of an
+   exchange on a busy core (``exchange.host_ns_per_byte``), and the same with the core
+   otherwise idle, for comparison.
+
+The compute run logs every step; the spread of its step times (sd / mean, the first steps left
+out) is the machine's ``stragglers.step_cv``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +47,96 @@ print(sum(int(numpy.prod(w.shape)) * numpy.dtype(w.dtype).itemsize
 """
 
 
+_HOST_TIME = """
+import os, socket, sys, time
+import numpy as np
+
+NBYTES, SECONDS = int(sys.argv[1]), float(sys.argv[2])
+core = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {core})
+
+
+def burn():  # another rank's compute on the same core
+    a = np.random.rand(256, 256)
+    while True:
+        a = np.tanh(a @ a)
+
+
+def allreduce(sock, mine, theirs, first):
+    view = memoryview(theirs).cast("B")
+    if first:
+        sock.sendall(mine)
+    got = 0
+    while got < len(view):
+        chunk = sock.recv_into(view[got:])
+        if not chunk:
+            os._exit(0)
+        got += chunk
+    if not first:
+        sock.sendall(mine)
+    np.add(mine, theirs, out=mine)
+
+
+def per_byte(busy):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    pids = [os.fork()]
+    if pids[0] == 0:
+        sock = socket.create_connection(("127.0.0.1", port))
+        mine, theirs = np.ones(NBYTES // 4, np.float32), np.empty(NBYTES // 4, np.float32)
+        while True:
+            allreduce(sock, mine, theirs, False)
+            if sock.recv(1) != b"1":
+                os._exit(0)
+    if busy:
+        pids.append(os.fork())
+        if pids[-1] == 0:
+            burn()
+    sock, _ = server.accept()
+    mine, theirs = np.ones(NBYTES // 4, np.float32), np.empty(NBYTES // 4, np.float32)
+    allreduce(sock, mine, theirs, True)
+    sock.sendall(b"1")
+    count, start, more = 0, time.perf_counter(), True
+    while more:
+        allreduce(sock, mine, theirs, True)
+        count += 1
+        more = time.perf_counter() - start < SECONDS
+        sock.sendall(b"1" if more else b"0")
+    elapsed = time.perf_counter() - start
+    sock.close()
+    for pid in pids:
+        if pid != pids[0]:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return elapsed / (count * NBYTES)
+
+
+idle, busy = per_byte(False), per_byte(True)
+print(idle * 1e9, busy * 1e9)
+"""
+_STEP_LINE = re.compile(r"^step (\d+)/\d+ .*?([0-9.]+) images/s")
+
+
+def step_cv(stdout: str, batch_size: int, skip: int = 2) -> float | None:
+    """Spread of the step times (sd / mean) in a run's ``--log_every=1`` progress lines, the
+    first ``skip`` timed steps left out (warm-up); None with fewer than 3 steps left."""
+    times = [batch_size / float(m.group(2)) for line in stdout.splitlines()
+             if (m := _STEP_LINE.match(line.strip())) and float(m.group(2)) > 0]
+    times = times[skip:]
+    if len(times) < 3:
+        return None
+    return statistics.stdev(times) / statistics.mean(times)
+
+
+def host_time(nbytes: int = 16 * 2**20, seconds: float = 3.0,
+              timeout_s: int = 120) -> tuple[float, float]:
+    """(idle, busy) host nanoseconds per byte of a two-process all-reduce on one core over
+    loopback TCP; busy: with a third process computing on that core."""
+    out = _run([sys.executable, "-c", _HOST_TIME, str(nbytes), str(seconds)], timeout_s)
+    idle, busy = (float(v) for v in out.split()[-2:])
+    return idle, busy
+
+
 def _run(command: Sequence[str], timeout_s: int) -> str:
     proc = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
@@ -47,9 +146,10 @@ def _run(command: Sequence[str], timeout_s: int) -> str:
     return proc.stdout
 
 
-def _train(flags: Sequence[str], model_dir: Path, timeout_s: int) -> dict[str, Any]:
-    _run([sys.executable, "-m", "tfscale.train", *flags, f"--model_dir={model_dir}"], timeout_s)
-    return json.loads((model_dir / "results.json").read_text())
+def _train(flags: Sequence[str], model_dir: Path, timeout_s: int) -> tuple[dict[str, Any], str]:
+    out = _run([sys.executable, "-m", "tfscale.train", *flags, f"--model_dir={model_dir}"],
+               timeout_s)
+    return json.loads((model_dir / "results.json").read_text()), out
 
 
 def _dataset(flags: Sequence[str]) -> str | None:
@@ -88,14 +188,17 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
     common = [f"--model={model}", f"--batch_size={batch_size}", f"--precision={precision}",
               f"--steps={steps}", "--epochs=1", "--num_processes=1", *train_flags]
     with tempfile.TemporaryDirectory(prefix="tfscale-calibrate-") as tmp:
-        compute = _train([*common, f"--dataset={SYNTHETIC}"], Path(tmp) / "compute", timeout_s)
+        compute, log = _train([*common, f"--dataset={SYNTHETIC}", "--log_every=1"],
+                              Path(tmp) / "compute", timeout_s)
         saved = Path(tmp) / "compute" / "model.keras"
         gradient_bytes = int(_run([sys.executable, "-c", _COUNT_GRADIENT_BYTES, str(saved)],
                                   timeout_s).strip().splitlines()[-1])
         dataset = _dataset(train_flags)
         pipeline = None
         if dataset not in (None, SYNTHETIC):
-            pipeline = _train(common, Path(tmp) / "pipeline", timeout_s)["images_per_sec"]
+            pipeline = _train(common, Path(tmp) / "pipeline", timeout_s)[0]["images_per_sec"]
+    idle_ns, busy_ns = host_time()
+    spread = step_cv(log, batch_size)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {
         "gradient_bytes": gradient_bytes, "batch_size": batch_size, "measured_ranks": 1,
@@ -109,19 +212,41 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
                    + ("pipeline_images_per_sec: the same run on --dataset="
                       f"{dataset}, a lower bound of the pipeline's rate; " if pipeline else "")
                    + "backward_fraction assumed 2/3 (backward ~ twice the forward)"),
+        "host": {"host_ns_per_byte": busy_ns, "idle_ns_per_byte": idle_ns,
+                 "source": (f"tfscale.forecast --calibrate, {when}, on {platform.node()} "
+                            f"({cpu_name()}): an all-reduce of 16 MiB between two processes "
+                            "on one core over loopback TCP with a third computing on that core "
+                            f"(busy): {busy_ns:.2f} ns per byte; the core otherwise idle: "
+                            f"{idle_ns:.2f} ns per byte")},
+        "stragglers": None if spread is None else {
+            "step_cv": spread,
+            "source": (f"tfscale.forecast --calibrate, {when}, on {platform.node()}: sd / mean "
+                       f"of the step times of the {steps}-step compute run (first 2 timed "
+                       "steps left out)")},
     }
 
 
 def write(base: str, out: Path, model: str, entry: dict[str, Any]) -> machines.Machine:
     """Adds (or replaces) ``model``'s entry in a copy of machine ``base`` written to ``out``,
-    keeping the rates measured before at other precisions; validates the result."""
+    keeping the rates measured before at other precisions; the node's host time and step
+    spread (``entry``'s ``host`` and ``stragglers``) go into the file's ``exchange`` and
+    ``stragglers`` sections. Validates the result."""
     source = machines.resolve(str(out)) if out.exists() else machines.resolve(base)
     doc = json.loads(source.read_text())
+    entry = dict(entry)
+    host, stragglers = entry.pop("host", None), entry.pop("stragglers", None)
     old = doc.setdefault("models", {}).get(model, {})
     if old.get("batch_size") == entry["batch_size"]:
         entry["images_per_sec"] = {**old.get("images_per_sec", {}), **entry["images_per_sec"]}
         entry["step_ms"] = {**old.get("step_ms", {}), **entry["step_ms"]}
     doc["models"][model] = entry
+    if host:
+        exchange = doc.setdefault("exchange", {"overlap": False})
+        exchange.update(host_ns_per_byte=host["host_ns_per_byte"],
+                        host_source=host["source"])
+        exchange.setdefault("source", host["source"])
+    if stragglers:
+        doc["stragglers"] = stragglers
     machines.parse(doc, out)
     write_json_atomic(out, doc)
     return machines.load(str(out))

@@ -7,6 +7,7 @@ A machine is a JSON file (presets ship in ``tfscale/forecast/machines/``)::
      "intra_node": {"bandwidth_GBps": 32, "latency_us": 1, "source": "..."},
      "inter_node": {"bandwidth_GBps": 25, "latency_us": 1, "source": "..."},
      "exchange": {"overlap": true, "source": "..."},
+     "stragglers": {"step_cv": 0.01, "source": "..."},
      "models": {"resnet50": {"gradient_bytes": 102228128, "batch_size": 256,
                              "measured_ranks": 6, "images_per_sec": {"mixed_float16": 5320},
                              "backward_fraction": 0.667, "pipeline_images_per_sec": null,
@@ -17,6 +18,14 @@ into the network. ``images_per_sec`` is the throughput of ``measured_ranks`` ran
 at ``batch_size`` per rank, exchange included; the model takes its own forecast of that node's
 exchange out of it to get the compute time. ``pipeline_images_per_sec`` (per rank, optional)
 caps a step at what the input pipeline delivers.
+
+Optional terms, each with its source (docs/FORECAST.md, "The model"): a link's
+``software_latency_us`` (the collective library's own time per message step, added to the
+wire's ``latency_us``); ``exchange.host_ns_per_byte``, the host time per byte of the exchange
+on a core that also computes (``--calibrate`` measures it; used where a node's ranks outnumber
+its ``node.cores``);
+``stragglers.step_cv``, the spread of one rank's step time (sd / mean) that a synchronous
+step pays as the expected slowest of its ranks.
 """
 
 from __future__ import annotations
@@ -59,6 +68,9 @@ class Machine:
     overlap: bool
     models: dict[str, ModelFigures]
     raw: dict[str, Any]
+    host_s_per_byte: float = 0.0  # the exchange's host time per byte on a busy core
+    cores_per_node: int = 0  # cores the node's ranks share (0: one core per rank at least)
+    step_cv: float = 0.0  # spread of a rank's step time (sd / mean): stragglers
 
     def model(self, model: str) -> ModelFigures:
         """The figures the file holds for ``model``.
@@ -137,6 +149,10 @@ def parse(raw: Any, path: Path) -> Machine:
     if not isinstance(exchange["overlap"], bool):
         check.fail("exchange.overlap", "must be true or false", exchange["overlap"])
     models = check.section(doc["models"], "models", ())
+    host_ns = (check.number(exchange, "exchange", "host_ns_per_byte", low_inclusive=True)
+               if "host_ns_per_byte" in exchange else 0.0)
+    stragglers = doc.get("stragglers", {"step_cv": 0.0, "source": "not given: none"})
+    check.section(stragglers, "stragglers", ("step_cv", "source"))
     return Machine(
         name=check.text(doc, "", "name"), description=str(doc.get("description", "")),
         path=path, ranks_per_node=check.count(node, "node", "ranks"),
@@ -144,7 +160,10 @@ def parse(raw: Any, path: Path) -> Machine:
         inter=check.link(doc["inter_node"], "inter_node"),
         overlap=exchange["overlap"],
         models={name: check.model(entry, f"models.{name}") for name, entry in models.items()},
-        raw=doc)
+        raw=doc, host_s_per_byte=host_ns * 1e-9,
+        cores_per_node=check.count(node, "node", "cores") if "cores" in node else 0,
+        step_cv=check.number(stragglers, "stragglers", "step_cv", low_inclusive=True,
+                             high=1.0))
 
 
 class _Checker:
@@ -193,8 +212,10 @@ class _Checker:
     def link(self, doc: Any, where: str) -> Link:
         doc = self.section(doc, where, ("bandwidth_GBps", "latency_us", "source"))
         self.text(doc, where, "source")
+        software = (self.number(doc, where, "software_latency_us", low_inclusive=True)
+                    if "software_latency_us" in doc else 0.0)
         return Link(self.number(doc, where, "bandwidth_GBps"),
-                    self.number(doc, where, "latency_us", low_inclusive=True))
+                    self.number(doc, where, "latency_us", low_inclusive=True) + software)
 
     def model(self, doc: Any, where: str) -> ModelFigures:
         doc = self.section(doc, where, ("gradient_bytes", "batch_size", "images_per_sec",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import statistics
 from collections.abc import Callable, Sequence
 
 ALGORITHMS = ("flat", "hierarchical")
@@ -75,6 +76,34 @@ def hierarchical_allreduce_s(nbytes: float, local: int, nodes: int, intra: Link,
             + ring_allreduce_s(nbytes / local, nodes, across))
 
 
+def host_bytes(nbytes: float, algorithm: str, local: int, nodes: int) -> float:
+    """Bytes one node's ranks put through the cross-node transport for one all-reduce of
+    ``nbytes``: on a flat ring over ``p = local x nodes`` ranks every rank sends
+    ``2(p-1)/p`` of it; hierarchical, each rank's ring across the nodes carries ``2(N-1)/N``
+    of its ``1/local`` shard (the in-node phases go through the in-node link). 0 on one node."""
+    if nodes <= 1:
+        return 0.0
+    if algorithm == "flat":
+        ranks = local * nodes
+        return local * 2 * (ranks - 1) / ranks * nbytes
+    return 2 * (nodes - 1) / nodes * nbytes
+
+
+def straggler_factor(ranks: int, measured_ranks: int, step_cv: float) -> float:
+    """How much longer a synchronous step is at ``ranks`` ranks than the measured one at
+    ``measured_ranks``, when each rank's step time varies with coefficient of variation
+    ``step_cv``: the step waits for the slowest rank, and the expected largest of n normal
+    samples is ``mean + sd x E[max of n standard normals]`` (Blom's approximation of that
+    order statistic, ``Phi^-1((n - 0.375) / (n + 0.25))``; the maximum's distribution tends to
+    a Gumbel law, so the expected wait grows like ``sqrt(2 ln n)``)."""
+    return (1 + step_cv * expected_max(ranks)) / (1 + step_cv * expected_max(measured_ranks))
+
+
+def expected_max(n: int) -> float:
+    """Expected largest of ``n`` standard normal samples (Blom 1958); 0 for one sample."""
+    return 0.0 if n <= 1 else statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
 def negotiation_s(ranks: int, inter: Link) -> float:
     """One cycle's negotiation: a tree all-reduce of a small bit vector over all ranks."""
     return 0.0 if ranks <= 1 else 2 * math.ceil(math.log2(ranks)) * inter.latency_us * 1e-6
@@ -93,12 +122,29 @@ class Exchange:
         return (f"{self.algorithm}{', fp16' if self.fp16 else ''}, fusion {self.fusion_mb:g} MB, "
                 f"cycle {self.cycle_ms:g} ms")
 
-    def allreduce(self, local: int, nodes: int, intra: Link,
-                  inter: Link) -> Callable[[float], float]:
-        """Seconds to all-reduce one fused message of ``nbytes`` (before compression)."""
+    def allreduce(self, local: int, nodes: int, intra: Link, inter: Link,
+                  host_s_per_byte: float = 0.0) -> Callable[[float], float]:
+        """Seconds to all-reduce one fused message of ``nbytes`` (before compression).
+
+        ``host_s_per_byte`` > 0 where a node's ranks share a core that also computes: the
+        links were measured with one rank per node and its core otherwise idle, so there the
+        message takes the longer of its alpha-beta time and the host time of every byte the
+        node's ranks put through the transport (:func:`host_bytes`) at the busy core's rate,
+        plus the message steps' latency."""
         algorithm = flat_allreduce_s if self.algorithm == "flat" else hierarchical_allreduce_s
         scale = 0.5 if self.fp16 else 1.0
-        return lambda nbytes: algorithm(nbytes * scale, local, nodes, intra, inter)
+        no_bandwidth = (Link(math.inf, intra.latency_us), Link(math.inf, inter.latency_us))
+
+        def seconds(nbytes: float) -> float:
+            sent = nbytes * scale
+            wire = algorithm(sent, local, nodes, intra, inter)
+            if not host_s_per_byte:
+                return wire
+            host = (algorithm(sent, local, nodes, *no_bandwidth)
+                    + host_s_per_byte * host_bytes(sent, self.algorithm, local, nodes))
+            return max(wire, host)
+
+        return seconds
 
 
 @dataclasses.dataclass(frozen=True)

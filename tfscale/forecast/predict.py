@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tfscale.forecast.machines import Machine
 from tfscale.forecast.model import (
     Exchange,
+    Link,
     best_exchange,
     candidates,
     negotiation_s,
     overlap_exchange,
+    straggler_factor,
 )
+
+if TYPE_CHECKING:
+    from tfscale.forecast.efficiency import EpochsCurve
+
+TERMS = ("compute", "bandwidth", "latency", "host time", "stragglers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +53,35 @@ class Row:
     images_per_sec: float
     efficiency: float
     recommended: Exchange
+    terms_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # by TERMS
+
+    @property
+    def dominant(self) -> str:
+        """The term that takes most of the step (compute, bandwidth, latency, host time,
+        stragglers)."""
+        return max(self.terms_ms, key=lambda t: self.terms_ms[t]) if self.terms_ms else ""
+
+    @property
+    def largest_loss(self) -> str:
+        """The largest term other than compute, with its share of the step ("" if none)."""
+        losses = {t: ms for t, ms in self.terms_ms.items() if t != "compute" and ms > 0}
+        if not losses:
+            return ""
+        term = max(losses, key=lambda t: losses[t])
+        return f"{term} {100 * losses[term] / self.step_ms:.1f}%"
+
+    def describe_terms(self) -> str:
+        """``compute; stragglers 1.6%`` (compute dominates; the largest loss), or
+        ``host time 56%`` when a loss dominates."""
+        if self.dominant == "compute" or not self.dominant:
+            return "; ".join(t for t in (self.dominant, self.largest_loss) if t)
+        return f"{self.dominant} {100 * self.terms_ms[self.dominant] / self.step_ms:.0f}%"
 
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["recommended"] = self.recommended.describe()
         out["recommended_exchange"] = dataclasses.asdict(self.recommended)
+        out["dominant"] = self.dominant
         return out
 
 
@@ -58,22 +89,70 @@ class Row:
 PHASES = (0.0, 0.25, 0.5, 0.75)
 
 
-def _step_s(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchange
-            ) -> tuple[float, float, float]:
-    """(step, exposed exchange, busy exchange) seconds of one step, averaged over phases."""
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One step's seconds, averaged over the cycle's phases."""
+
+    step: float
+    exposed: float
+    busy: float
+    messages: float
+    stragglers: float
+
+
+def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
+               intra: Link | None = None, inter: Link | None = None,
+               host: bool = True) -> Callable[[float], float]:
+    m = plan.machine
+    shared = bool(m.cores_per_node) and local > m.cores_per_node  # ranks share cores
+    host_s = m.host_s_per_byte if host and shared else 0.0
+    return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s)
+
+
+def _step(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchange) -> _Step:
     m = plan.machine
     figures, _ = m.figures(plan.model, plan.precision)
-    allreduce = option.allreduce(local, nodes, m.intra, m.inter)
+    allreduce = _allreduce(plan, option, local, nodes)
     negotiate = negotiation_s(local * nodes, m.inter)
     runs = [overlap_exchange(figures.gradient_bytes, figures.backward_fraction * compute_s,
                              option, allreduce, negotiate, m.overlap, phase)
             for phase in PHASES]
     exposed = sum(r.exposed_s for r in runs) / len(runs)
     busy = sum(r.busy_s for r in runs) / len(runs)
-    step = compute_s + exposed
+    # The step waits for the slowest rank's gradients: its compute is the expected largest.
+    stragglers = compute_s * (straggler_factor(local * nodes, figures.measured_ranks,
+                                               m.step_cv) - 1)
+    step = compute_s + stragglers + exposed
     if figures.pipeline_images_per_sec:
         step = max(step, plan.batch_size / figures.pipeline_images_per_sec)
-    return step, exposed, busy
+    return _Step(step, exposed, busy, sum(r.messages for r in runs) / len(runs), stragglers)
+
+
+def _step_s(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchange
+            ) -> tuple[float, float, float]:
+    """(step, exposed exchange, busy exchange) seconds of one step, averaged over phases."""
+    s = _step(plan, nodes, local, compute_s, option)
+    return s.step, s.exposed, s.busy
+
+
+def _terms_ms(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchange,
+              step: _Step) -> dict[str, float]:
+    """The step split into TERMS: the exposed exchange shared out among latency, bandwidth and
+    host time as they share an average message's cost."""
+    figures, _ = plan.machine.figures(plan.model, plan.precision)
+    size = figures.gradient_bytes / max(step.messages, 1.0)
+    m = plan.machine
+    whole = _allreduce(plan, option, local, nodes)(size)
+    latency = _allreduce(plan, option, local, nodes, Link(1e12, m.intra.latency_us),
+                         Link(1e12, m.inter.latency_us), host=False)(size)
+    bandwidth = _allreduce(plan, option, local, nodes, Link(m.intra.bandwidth_GBps, 0.0),
+                           Link(m.inter.bandwidth_GBps, 0.0), host=False)(size)
+    host = max(whole - latency - bandwidth, 0.0)
+    total = latency + bandwidth + host
+    share = (lambda part: step.exposed * part / total) if total > 0 else (lambda part: 0.0)
+    return {"compute": compute_s * 1e3, "bandwidth": share(bandwidth) * 1e3,
+            "latency": share(latency) * 1e3, "host time": share(host) * 1e3,
+            "stragglers": step.stragglers * 1e3}
 
 
 def compute_s_per_image(plan: Plan) -> float:
@@ -114,13 +193,22 @@ def forecast(plan: Plan, node_counts: Sequence[int]) -> list[Row]:
             return _step_s(plan, n, local, compute, option)[0]
 
         best, step = best_exchange(step_of, _options(plan))
-        _, exposed, busy = _step_s(plan, nodes, local, compute, best)
+        chosen = _step(plan, nodes, local, compute, best)
         rate = nodes * local * plan.batch_size / step
         one_node = one_node or rate
         rows.append(Row(nodes, nodes * local, nodes * local * plan.batch_size, compute * 1e3,
-                        exposed * 1e3, busy * 1e3, step * 1e3, rate, rate / (nodes * one_node),
-                        best))
+                        chosen.exposed * 1e3, chosen.busy * 1e3, step * 1e3, rate,
+                        rate / (nodes * one_node), best,
+                        _terms_ms(plan, nodes, local, compute, best, chosen)))
     return [r for r in rows if r.nodes in set(node_counts)]
+
+
+def fastest(rows: Sequence[Row], curve: EpochsCurve) -> Row | None:
+    """The row with the fewest minutes to the curve's target (None where no row's global batch
+    was measured): past its node count, more nodes no longer shorten the run."""
+    known = [(minutes, r) for r in rows
+             if (minutes := curve.minutes(r.global_batch, r.images_per_sec)) is not None]
+    return min(known, key=lambda pair: pair[0])[1] if known else None
 
 
 def compare_measured(plan: Plan, nodes: int, measured_images_per_sec: float) -> dict[str, Any]:
