@@ -205,8 +205,8 @@ def test_node_exchange_choice(layout: tuple[int, int], mode: str, machine: str, 
 
 def test_shared_memory_is_refused_where_it_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shared_memory.platform, "machine", lambda: "aarch64")
-    with pytest.raises(ValueError, match="--node_exchange=shared_memory cannot run here: "
-                                         "this aarch64 processor .* use --node_exchange="
+    with pytest.raises(ValueError, match="--node_exchange=shared_memory cannot run: this "
+                                         "aarch64 processor .* use --node_exchange="
                                          "collectives"):
         open_shared_memory(_FakeHorovod(), Topology.regular(2, 2, rank=0), "shared_memory")
 
@@ -264,7 +264,7 @@ def test_horovod_takes_shared_memory_only_on_one_node(monkeypatch: pytest.Monkey
         strategy = HorovodStrategy(TrainConfig(strategy="horovod", **{tool: True}))
         strategy.comm = Comm(1)  # type: ignore[assignment]
         assert strategy.gradient_reduction() is None, tool
-    with pytest.raises(ValueError, match=r"across 2 nodes: .*process_sets='dynamic'"):
+    with pytest.raises(ValueError, match=r"across 2 nodes, .*process_sets='dynamic'"):
         reduction("shared_memory", 2)
 
 
@@ -288,6 +288,6 @@ def test_multiworker_takes_shared_memory_only_with_equal_nodes() -> None:
     unequal = ["node1:1", "node1:2", "node2:1"]
     assert reduction("auto", unequal) is None
     with pytest.raises(ValueError, match=r"inside nodes only with as many workers on every "
-                                         r"node, and its 2 hosts run node1 2, node2 1; use "
+                                         r"node, and the 2 hosts run node1 2, node2 1; use "
                                          "--node_exchange=collectives"):
         reduction("shared_memory", unequal)

@@ -65,6 +65,45 @@ def gather_strings(text: str, rank: int, size: int,
     return [bytes(int(b) for b in row if b).decode(errors="replace") for row in summed]
 
 
+def decline(mode: str, why: str) -> None:
+    """Shared memory cannot carry the node exchange, because ``why``: the one error, where
+    ``--node_exchange=shared_memory`` asked for it; nothing otherwise (``auto`` takes the
+    strategy's own collectives).
+
+    Raises:
+        ValueError: naming the flag, the reason and the way out.
+    """
+    if mode == "shared_memory":
+        raise ValueError(f"--node_exchange=shared_memory cannot run: {why}; use "
+                         "--node_exchange=collectives")
+
+
+def workers_limits(replicas_per_worker: int = 1, whole_step_xla: bool = False,
+                   other_tasks: Sequence[str] = (), hosts: Sequence[str] = ()) -> str:
+    """Why shared memory cannot carry the gradients of ``tf.distribute`` workers (the
+    ``multiworker`` strategy's, or a user's MultiWorkerMirroredStrategy script's), or "".
+
+    Args:
+        replicas_per_worker: replicas of each worker (the exchange sums one per worker).
+        whole_step_xla: XLA compiles the whole training step (the exchange runs on the host).
+        other_tasks: TF_CONFIG's task types besides ``worker``.
+        hosts: every worker's host, by rank (nodes must run as many workers each).
+    """
+    if other_tasks:
+        return f"the cluster has {', '.join(other_tasks)} tasks besides its workers"
+    if whole_step_xla:
+        return ("XLA compiles the whole training step there, and the shared-memory exchange "
+                "runs on the host outside XLA; use --xla=auto")
+    if replicas_per_worker > 1:
+        return f"each worker has {replicas_per_worker} replicas"
+    counts = {host: list(hosts).count(host) for host in dict.fromkeys(hosts)}
+    if len(set(counts.values())) > 1:
+        return ("the workers exchange through shared memory inside nodes only with as many "
+                f"workers on every node, and the {len(counts)} hosts run "
+                + ", ".join(f"{host} {n}" for host, n in counts.items()))
+    return ""
+
+
 def use_shared_memory(mode: str, local_size: int) -> bool:
     """Whether ``mode`` (``--node_exchange``) takes shared memory for nodes of ``local_size``
     processes, from this machine alone: "auto" takes it on CPU-only x86-64 nodes.
@@ -77,10 +116,8 @@ def use_shared_memory(mode: str, local_size: int) -> bool:
     if mode == "collectives" or local_size == 1:
         return False
     why_not = shared_memory.available()
-    if mode == "shared_memory" and why_not:
-        raise ValueError(f"--node_exchange=shared_memory cannot run here: {why_not}; "
-                         "use --node_exchange=collectives")
     if why_not:
+        decline(mode, why_not)
         return False
     if mode == "auto":
         import tensorflow as tf
@@ -145,9 +182,8 @@ def plan_exchange(mode: str, nodes: Sequence[Sequence[int]], domains: Sequence[s
     if not use_shared_memory(mode, local_size):
         return ExchangePlan(False, transport if local_size > 1 else "", across)
     split = split_domains(nodes, domains)
-    if split and mode == "shared_memory":
-        raise ValueError(f"--node_exchange=shared_memory cannot run: {split}; use "
-                         "--node_exchange=collectives, or give such nodes distinct host names")
+    if split:
+        decline(mode, f"{split} (or give such nodes distinct host names)")
     if split:
         return ExchangePlan(False, transport, across, f"no shared memory: {split}")
     return ExchangePlan(True, SHARED_MEMORY, across)

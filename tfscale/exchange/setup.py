@@ -121,9 +121,8 @@ def horovod_reduction(hvd: ModuleType, rank: int, size: int, mode: str, timeout_
         if node is None:
             return None, plan
         return HierarchicalAllReduce.on_one_node(node, plan=plan), plan
-    if mode == "shared_memory" and local > 1 and not _dynamic_process_sets():
-        raise ValueError(f"--node_exchange=shared_memory across {nodes} nodes: "
-                         f"{DYNAMIC_SETS_HINT}")
+    if local > 1 and not _dynamic_process_sets():
+        placement.decline(mode, f"across {nodes} nodes, {DYNAMIC_SETS_HINT}")
     collectives = placement.plan_exchange("collectives", flat, [], horovod_transport(hvd))
     if mode == "collectives" or local == 1 or not _dynamic_process_sets():
         return None, collectives
@@ -160,8 +159,8 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
         transport: the strategy's own transport, for the plan ("gRPC (ring collectives)").
         sum_all: the element-wise sum of a float64 vector over all workers (the strategy's
             own collective, used twice while setting up).
-        why_not: a reason the caller knows why shared memory cannot carry the gradients
-            (XLA compiling the whole step, several replicas per worker), or "".
+        why_not: what the caller knows that keeps shared memory out
+            (:func:`placement.workers_limits` of its replicas, XLA, tasks), or "".
         timeout_s: how long the shared-memory exchange waits for a peer (0: 600 s).
 
     Raises:
@@ -169,15 +168,10 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
     """
     hosts = [worker.rsplit(":", 1)[0] for worker in workers]
     nodes = [[r for r, h in enumerate(hosts) if h == host] for host in dict.fromkeys(hosts)]
-    sizes = sorted({len(node) for node in nodes})
-    if not why_not and len(sizes) > 1:
-        why_not = (f"--strategy=multiworker exchanges through shared memory inside nodes only "
-                   f"with as many workers on every node, and its {len(nodes)} hosts run "
-                   + ", ".join(f"{h} {hosts.count(h)}" for h in dict.fromkeys(hosts)))
+    why_not = why_not or placement.workers_limits(hosts=hosts)
+    if why_not:
+        placement.decline(mode, why_not)
     if mode == "collectives" or why_not:
-        if mode == "shared_memory":
-            raise ValueError(f"--node_exchange=shared_memory: {why_not}; use "
-                             "--node_exchange=collectives")
         return None, placement.plan_exchange("collectives", nodes, [], transport)
     size = len(workers)
     domains = placement.gather_strings(placement.shm_domain(), rank, size, sum_all)

@@ -282,6 +282,7 @@ def all_reduce_of(strategy: tf.distribute.Strategy) -> HierarchicalAllReduce | N
         ValueError: for ``TFSCALE_NODE_EXCHANGE=shared_memory`` where it cannot run.
     """
     from tfscale.exchange import setup as exchange
+    from tfscale.exchange.placement import workers_limits
 
     if not hasattr(strategy, "_tfscale_all_reduce"):
         resolver = strategy.cluster_resolver
@@ -289,11 +290,7 @@ def all_reduce_of(strategy: tf.distribute.Strategy) -> HierarchicalAllReduce | N
         workers = [str(w) for w in spec.get("worker", [])]
         others = sorted(set(spec) - {"worker"})
         replicas = int(strategy.num_replicas_in_sync) // max(1, len(workers))
-        why_not = ""
-        if others:
-            why_not = f"the cluster has {', '.join(others)} tasks besides its workers"
-        elif replicas > 1:
-            why_not = f"each worker has {replicas} replicas"
+        why_not = workers_limits(replicas, other_tasks=others)
         if len(workers) < 2:
             set_all_reduce(strategy, None)
         else:

@@ -41,7 +41,7 @@ import numpy as np
 from tfscale.cluster import environment as cluster_env
 from tfscale.config.options import Option
 from tfscale.exchange.hierarchical import HierarchicalAllReduce
-from tfscale.exchange.placement import NODE_EXCHANGE
+from tfscale.exchange.placement import NODE_EXCHANGE, workers_limits
 from tfscale.exchange.setup import transient, worker_reduction
 from tfscale.strategies.base import Rendezvous
 from tfscale.strategies.keras_version import check_keras_version
@@ -154,12 +154,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         Raises:
             ValueError: for ``--node_exchange=shared_memory`` where it cannot run.
         """
-        why_not = ""
-        if self.jit_compiles == "step":
-            why_not = ("XLA compiles the whole training step there, and the shared-memory "
-                       "exchange runs on the host outside XLA; use --xla=auto")
-        elif self.replicas_in_process > 1:
-            why_not = f"each worker has {self.replicas_in_process} replicas"
+        why_not = workers_limits(self.replicas_in_process, self.jit_compiles == "step")
         reduce, self.exchange_plan = worker_reduction(
             self._rank, workers, NODE_EXCHANGE.of(self.config),
             f"gRPC ({COLLECTIVE.of(self.config)} collectives)",
