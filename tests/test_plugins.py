@@ -141,5 +141,5 @@ def test_a_job_script_generator_is_one_module(pbs: None, tmp_path: Path,
     capsys.readouterr()
     assert main(["pbs", "--nodes=2", "--gpus_per_node=4", "--", "--strategy=multiworker",
                  "--model=mlp"]) == 2
-    assert ("error: pbs cannot start --strategy=multiworker jobs (its ranks meet through "
-            "tf_config); it starts ddl, horovod jobs") in capsys.readouterr().err
+    assert ("error: pbs cannot start --strategy=multiworker jobs; it starts ddl, horovod jobs, "
+            "and multiworker runs under lsf, mpirun, slurm") in capsys.readouterr().err

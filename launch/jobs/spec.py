@@ -16,7 +16,7 @@ import re
 
 from tfscale.cli.flags import config_from_args
 from tfscale.config.train_config import TrainConfig
-from tfscale.strategies import STRATEGIES, Rendezvous, Strategy, strategies_that
+from tfscale.strategies import STRATEGIES, Strategy, strategies_that
 
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 _NAME = re.compile(r"^[A-Za-z0-9_.@%+-]+$")
@@ -165,8 +165,6 @@ class JobRequest:
 
     launcher: str
     train_args: tuple[str, ...] = ()
-    # The rendezvous this launcher's ranks can make (its generator's declaration).
-    rendezvous: frozenset[Rendezvous] = frozenset({Rendezvous.TF_CONFIG, Rendezvous.HOROVOD})
     nodes: int = 1
     gpus_per_node: int = 0
     gpus_per_rank: int = 1
@@ -275,11 +273,6 @@ class JobRequest:
             several = strategies_that(lambda c: c.multi_process())
             raise ValueError(f"--strategy={strategy} runs in one process; a job of {ranks} "
                              f"ranks needs one of {', '.join(several)}")
-        if ranks > 1 and cls.rendezvous not in self.rendezvous:
-            able = strategies_that(lambda c: c.rendezvous in self.rendezvous)
-            raise ValueError(f"{self.launcher} cannot start --strategy={strategy} jobs (its ranks "
-                             f"meet through {cls.rendezvous.value}); it starts "
-                             f"{', '.join(able)} jobs")
         if cls.one_rank_per_gpu and self.gpus_per_rank != 1:
             raise ValueError(f"--strategy={strategy} runs one rank per GPU; drop "
                              f"--gpus_per_rank={self.gpus_per_rank}")

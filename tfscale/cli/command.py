@@ -37,7 +37,7 @@ from tfscale.config.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 TOP_LEVEL_PACKAGES = ("models", "input_pipelines", "launch")
 # Where tfscale's top-level packages are: beside tfscale itself (the checkout, site-packages,
 # or the source folder of an editable install).
-_HOME = Path(__file__).resolve().parent.parent
+_HOME = Path(__file__).resolve().parents[2]
 
 
 class _OwnTopLevelPackages(importlib.abc.MetaPathFinder):
