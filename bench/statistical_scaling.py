@@ -1,45 +1,30 @@
 """Statistical efficiency: final accuracy and optimizer steps to a target against the global batch.
 
-Scale in images/s is not scale in time to solution: a larger global batch takes fewer steps per
-epoch, and past some batch it needs more epochs. This bench measures where, on two real small
-datasets that ship inside registry packages: scikit-learn's digits (:mod:`bench.digits`, 1,438
-training / 359 validation 32-px grey images, 10 classes, 8 epochs) and scikit-image's textures
-(:mod:`bench.textures`, 615 / 153 tiles, 3 classes, 16 epochs: a similar number of images).
+On two real small datasets shipped inside registry packages, scikit-learn's digits
+(:mod:`bench.digits`: 1,438 / 359 grey 32-px images, 10 classes, 8 epochs) and scikit-image's
+textures (:mod:`bench.textures`: 615 / 153 tiles, 3 classes, 16 epochs, about as many images),
+``resnet50_tiny`` with SGD (momentum 0.9) and a cosine decay. Every run of a dataset sees the
+same images (a larger batch takes fewer steps) and is evaluated on the whole validation split
+every 1/16 of its steps: epochs and steps to the target are measured at that granularity.
 
-Model ``resnet50_tiny``, SGD with momentum 0.9 and a cosine decay, the data's own image size,
-channels (1) and classes. Every run of a dataset sees the same number of images (its epoch
-budget), so a larger batch takes proportionally fewer steps, and is evaluated on the whole
-validation split 16 times, every 1/16 of its steps (every half epoch of the digits, every epoch
-of the textures): epochs and steps to a target are measured at that granularity.
+Global batches 16 to 256 emulate 1 to 16 workers of 16 images with ``--grad_accum_steps=G/16``
+(batch norm normalizes each micro-batch of 16 on its own). The arms (:data:`ARMS`): ``linear``
+(``--lr_scaling=linear``: 0.0125 per 16 images, the issue's 0.05 at 64, warmed up over the
+issue's 20/176 of the steps), ``constant`` (0.05 at every batch, no warmup), Keras' moving
+averages against precise statistics, the recipe pieces, and real workers at a global batch of 64
+with the issue's flags. Accumulation updates the moving averages once per micro-batch, G/16 times
+per step, where each worker updates its own once per step: the ``ema one process`` arm (one
+process at ``--batch_size=G``) has the workers' staleness; ``ema accumulated`` has accumulation's.
 
-Global batches 16 to 256 emulate 1 to 16 workers of 16 images each with gradient accumulation
-(``--grad_accum_steps=G/16``: each step averages G/16 micro-batches, and batch norm normalizes
-each micro-batch on its own, as on G/16 workers). Arms (:data:`ARMS`):
-
-- ``linear``: ``--lr_scaling=linear``, 0.0125 per 16 images (the issue's 0.05 at 64), warmed up
-  over the first 20/176 of the steps (the issue's 20 of 176), precise batch-norm statistics;
-- ``constant``: 0.05 at every batch, no warmup, precise statistics;
-- ``ema one process`` / ``precise one process``: one process at ``--batch_size=G``, Keras' moving
-  averages or precise statistics. Under accumulation every micro-batch updates the moving
-  averages, G/16 times per step, while each of G/16 workers updates its own once per step: one
-  process at the global batch updates them as often as the workers do, so its staleness is
-  theirs (``ema accumulated`` shows what accumulation alone gives);
-- ``weight decay`` (``--weight_decay=0.005``), ``+ exclude bias/BN`` (and
-  ``--exclude_bias_bn_decay``), ``zero-init residual``: the recipe pieces at the larger batches;
-- ``one process``, ``horovod xN``, ``multiworker x4``: real workers at a global batch of 64 with
-  the issue's flags and the default ``--bn_statistics``.
-
-Results go to ``bench/results/statistical_scaling.json`` after every run (``--append`` resumes,
-skipping the runs already there); the report prints a table per dataset, draws
-``docs/statistical_scaling/accuracy.png`` (Goyal et al. 2017: final accuracy against the global
-batch) and ``steps.png`` (Shallue et al. 2019: steps to the target against the global batch,
-log-log, with the perfect-scaling line) and writes the forecast's
-``tfscale/forecast/data/efficiency_<dataset>.json``.
+Writes ``bench/results/statistical_scaling.json`` after every run (``--append`` resumes),
+prints a table per dataset, draws ``docs/statistical_scaling/accuracy.png`` (Goyal et al. 2017)
+and ``steps.png`` (Shallue et al. 2019), and writes the forecast's statistical-efficiency files
+``tfscale/forecast/data/efficiency_<dataset>.json`` from the ``linear`` arm.
 
     python -m bench.statistical_scaling [--datasets digits] [--arms linear] [--seeds 0]
         [--batches 16,256] [--append] [--report_only] [--target digits=0.95]
 
-About 3 hours on 2 cores for the whole plan. Needs scikit-learn's data file, scikit-image
+About 3 hours on 2 shared cores. Needs scikit-learn's data file, scikit-image
 (requirements-bench.txt) and Horovod.
 """
 
@@ -58,6 +43,7 @@ from typing import Any
 from bench import digits, textures
 from bench.accuracy import first_at, mean
 from bench.common import OUT, ROOT, cpu_description, save, table, train
+from tfscale.training.files import write_json_atomic
 
 NAME = "statistical_scaling"
 DOCS = ROOT / "docs" / "statistical_scaling"
@@ -258,7 +244,8 @@ def perfect_scaling_end(points: Sequence[tuple[int, float | None]]) -> int | Non
 
 def efficiency_file(dataset: str, runs: Sequence[dict[str, Any]], target: float,
                     source: str) -> dict[str, Any]:
-    """The statistical-efficiency file the forecast reads, from the ``linear`` arm."""
+    """The statistical-efficiency file that ``tfscale.forecast --efficiency`` reads
+    (:mod:`tfscale.forecast.efficiency`), from the ``linear`` arm."""
     points = []
     for (arm, batch), group in groups(runs).items():
         if arm != "linear":
@@ -272,7 +259,8 @@ def efficiency_file(dataset: str, runs: Sequence[dict[str, Any]], target: float,
             "seeds": len(group), "reached": len(reached)})
     return {"dataset": dataset, "model": MODEL,
             "target": {"metric": "val_accuracy", "value": target}, "source": source,
-            "per_worker_batch": PER_WORKER, "points": points}
+            "per_worker_batch": PER_WORKER, "train_images": runs[0]["train_examples"],
+            "points": points}
 
 
 def _panels(count: int) -> tuple[Any, Any]:
@@ -456,24 +444,34 @@ def main() -> None:
         save(NAME, result)
         print(f"{dataset} | {arm} | batch {batch} | seed {seed}: final {run['final']:.4f}, "
               f"{run['steps']} steps, {run['wall_seconds']:.0f} s", flush=True)
+    print(publish(result, parse_targets(args.target)))
+
+
+def cpu_label(cpu: str) -> str:
+    """:func:`bench.common.cpu_description` in a few words: the model and its widest vectors."""
+    model, _, flags = cpu.partition(" (")
+    return f"{model}, {'AVX-512' if 'avx512f' in flags else 'no AVX-512'}"
+
+
+def publish(result: dict[str, Any], given: dict[str, float]) -> str:
+    """Adds the targets (``given``, else :func:`pick_target`) and the rows to ``result`` and
+    saves it, writes the efficiency files and the plots; returns the report."""
+    runs, cpu = result["runs"], cpu_label(result["cpu"])
     by_dataset = {d: [r for r in runs if r["dataset"] == d] for d in DATASETS
                   if any(r["dataset"] == d for r in runs)}
-    targets = {d: pick_target(rs) for d, rs in by_dataset.items()} | parse_targets(args.target)
+    targets = {d: pick_target(rs) for d, rs in by_dataset.items()} | given
     result.update(targets=targets, rows={d: [summarize(g, targets[d]) for g in
                                              groups(rs).values()] for d, rs in by_dataset.items()})
     save(NAME, result)
-    last = max((r["date"] for r in runs), default=datetime.date.today().isoformat())
+    last = max((r["date"] for r in runs), default="")
     for dataset, mine in by_dataset.items():
-        data = efficiency_file(dataset, mine, targets[dataset],
-                               f"bench.{NAME}, {last}, {cpu.split(' (')[0]}")
+        data = efficiency_file(dataset, mine, targets[dataset], f"bench.{NAME}, {last}, {cpu}")
         if data["points"]:
-            out = EFFICIENCY / f"efficiency_{dataset}.json"
-            out.write_text(json.dumps(data, indent=2) + "\n")
+            write_json_atomic(EFFICIENCY / f"efficiency_{dataset}.json", data)
     if by_dataset:
-        plot_accuracy(by_dataset, targets, cpu.split(" (")[0], DOCS / "accuracy.png")
-        plot_steps(by_dataset, targets, cpu.split(" (")[0], DOCS / "steps.png")
-    print(report(result, targets))
-
+        plot_accuracy(by_dataset, targets, cpu, DOCS / "accuracy.png")
+        plot_steps(by_dataset, targets, cpu, DOCS / "steps.png")
+    return report(result, targets)
 
 if __name__ == "__main__":
     main()

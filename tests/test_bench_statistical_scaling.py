@@ -3,6 +3,7 @@ where perfect scaling ends and the forecast's statistical-efficiency file (no tr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from bench.statistical_scaling import (
     run_flags,
     summarize,
 )
+from tfscale.forecast.efficiency import parse
 
 
 def flags_of(arm: str, batch: int) -> dict[str, str]:
@@ -68,6 +70,7 @@ def run(arm: str, batch: int, accuracies: list[float], steps: int = 100) -> dict
     history = [{"step": steps * (i + 1) // len(accuracies), "val_accuracy": a,
                 "epochs": 8 * (i + 1) / len(accuracies)} for i, a in enumerate(accuracies)]
     return {"arm": arm, "global_batch": batch, "steps": steps, "final": accuracies[-1],
+            "train_examples": 1438,
             "history": history, "wall_seconds": 10.0}
 
 
@@ -80,11 +83,15 @@ def test_target_summary_and_efficiency_file() -> None:
     assert row["epochs to target"] == pytest.approx(8.0)
     data = efficiency_file("digits", runs, 0.9, "bench.statistical_scaling, today, CPU")
     assert data["target"] == {"metric": "val_accuracy", "value": 0.9}
+    assert (data["per_worker_batch"], data["train_images"]) == (16, 1438)
     assert data["points"] == [
         {"global_batch": 16, "epochs_to_target": pytest.approx(6.667, abs=1e-3),
          "steps_to_target": 83, "seeds": 2, "reached": 2},
         {"global_batch": 64, "epochs_to_target": None, "steps_to_target": None, "seeds": 1,
          "reached": 0}]
+    curve = parse(json.loads(json.dumps(data)), Path("efficiency_digits.json"))  # the forecast's
+    assert curve.epochs(16) == pytest.approx(6.667) and curve.epochs(64) is None
+    assert curve.train_images == 1438
 
 
 def test_perfect_scaling_ends_where_steps_fall_short_of_the_line() -> None:
