@@ -136,7 +136,7 @@ HELP: dict[str, str] = {
     "2021): right after any number of steps, and the same on every worker. It costs a forward "
     "pass over those images each time, about a third of the time training on them takes, "
     "logged at each recomputation (1024 images: 0.5-1 s for resnet50_tiny at 32 px on a 2-core "
-    "CPU, about 2 min for ResNet-50 at 224 px there, about a second on a GPU; "
+    "CPU, over a minute for ResNet-50 at 224 px there, about a second on a GPU; "
     "docs/STATISTICAL_SCALING.md). ema: Keras' moving "
     "averages (momentum 0.99: after S steps 0.99^S of the initial statistics remain, 17% after "
     "176 steps), pooled over the workers before each evaluation and at the end. auto: precise "
