@@ -262,29 +262,3 @@ def test_users_scripts_end_with_the_statistics_of_both_workers_images(
     for (mean, var), name in zip(trained, ("b1_bn", "b2_bn"), strict=True):
         np.testing.assert_allclose(mean, moving(model, name)[0], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(var, moving(model, name)[1], rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.slow
-def test_a_resumed_run_ends_with_the_statistics_of_an_uninterrupted_one(tmp_path: Path) -> None:
-    """6 steps in one run, and 3 + 3 in two (the first ends with statistics recomputed at step
-    3, from which the moving averages of steps 4-6 then start): the last checkpoints are equal,
-    batch-norm statistics included, because each run ends by recomputing them from the same
-    weights over the same first training batches."""
-    from tests.conftest import run_train
-    from tfscale.training.checkpointing import CheckpointManager
-
-    flags = ["--model=tiny_bn_cnn", "--image_size=16", "--num_classes=4", "--batch_size=4",
-             "--deterministic", "--bn_statistics=precise", "--bn_statistics_images=8",
-             "--log_every=1", "--tensorboard=false", "--epochs=2"]
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    for steps, model_dir in ((6, whole), (3, parts), (6, parts)):
-        proc = run_train(*flags, f"--steps={steps}", f"--model_dir={model_dir}")
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert f"step {steps}: batch-norm statistics recomputed over 8 training images" in (
-            proc.stdout), proc.stdout[-2000:]
-    a_meta, a = CheckpointManager(whole / "checkpoints").read(6)
-    b_meta, b = CheckpointManager(parts / "checkpoints").read(6)
-    paths = a_meta["paths"]
-    assert paths == b_meta["paths"] and any("moving_variance" in p for p in paths)
-    for path, x, y in zip(paths, a, b, strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6, err_msg=path)

@@ -65,7 +65,12 @@ def step_scalars(directory: Path) -> dict[str, list[int]]:
 
 @pytest.mark.slow
 def test_resume_continues_from_checkpoint(tmp_path: Path) -> None:
-    flags = [*TINY, "--epochs=2", "--checkpoint_every=2", "--deterministic"]
+    """4 + 4 steps end with the checkpoint of 8 in one run, batch-norm statistics included:
+    the first run ends with statistics recomputed at step 4, from which the moving averages of
+    steps 5-8 then start, and each run ends by recomputing them from the same weights over the
+    same first training batches (without that, the two would differ)."""
+    flags = [*TINY, "--model=tiny_bn_cnn", "--bn_statistics=precise",
+             "--bn_statistics_images=8", "--epochs=2", "--checkpoint_every=2", "--deterministic"]
     stopped, full = tmp_path / "stopped", tmp_path / "full"
     assert run_train(*flags, "--steps=4", f"--model_dir={stopped}").returncode == 0
     first = CheckpointManager(stopped / "checkpoints").read(4)[1]
@@ -75,8 +80,10 @@ def test_resume_continues_from_checkpoint(tmp_path: Path) -> None:
     results = read_results(stopped)
     assert results["steps"] == 8 and results["steps_this_run"] == 4
     assert run_train(*flags, "--steps=8", f"--model_dir={full}").returncode == 0
-    resumed = CheckpointManager(stopped / "checkpoints").read(8)[1]
+    assert "step 8: batch-norm statistics recomputed over 8 training images" in proc.stdout
+    meta, resumed = CheckpointManager(stopped / "checkpoints").read(8)
     uninterrupted = CheckpointManager(full / "checkpoints").read(8)[1]
+    assert any("moving_variance" in path for path in meta["paths"])
     assert any(np.any(a != b) for a, b in zip(first, resumed, strict=True))
     for a, b in zip(resumed, uninterrupted, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
