@@ -16,11 +16,11 @@ default one::
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from tfscale.forecast import files
 from tfscale.forecast.efficiency import EpochsCurve, Point
 
 DEFAULT_TABLE = Path(__file__).with_name("data") / "accuracy_resnet50_imagenet.json"
@@ -94,10 +94,7 @@ def load_table(path: str | Path = DEFAULT_TABLE) -> AccuracyTable:
         ValueError: naming the file and the bad field.
     """
     path = Path(path)
-    try:
-        doc: Any = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--accuracy_table={path}: {err}") from err
+    doc: Any = files.read("accuracy_table", path)
 
     def fail(field: str, problem: str) -> ValueError:
         return ValueError(f"{path}: field '{field}' {problem}")

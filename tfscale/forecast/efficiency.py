@@ -28,11 +28,12 @@ and :meth:`EpochsCurve.unknown` says why in words; there is no extrapolation.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
+
+from tfscale.forecast import files
 
 DATA_DIR = Path(__file__).with_name("data")
 
@@ -110,18 +111,7 @@ def resolve(name_or_path: str) -> Path:
     Raises:
         ValueError: naming the flag's value and the shipped names.
     """
-    path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise ValueError(f"--efficiency={name_or_path}: no such file")
-        return path
-    shipped = DATA_DIR / f"efficiency_{name_or_path}.json"
-    if not shipped.is_file():
-        names = sorted(p.stem.removeprefix("efficiency_")
-                       for p in DATA_DIR.glob("efficiency_*.json"))
-        raise ValueError(f"--efficiency={name_or_path}: no such file or shipped curve; shipped: "
-                         f"{', '.join(names) or 'none yet'}")
-    return shipped
+    return files.resolve("efficiency", name_or_path, DATA_DIR, "efficiency_", "shipped curve")
 
 
 def load(name_or_path: str) -> EpochsCurve:
@@ -131,10 +121,7 @@ def load(name_or_path: str) -> EpochsCurve:
         ValueError: naming the file and the bad field.
     """
     path = resolve(name_or_path)
-    try:
-        doc: Any = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--efficiency={path}: {err}") from err
+    doc: Any = files.read("efficiency", path)
     return parse(doc, path)
 
 

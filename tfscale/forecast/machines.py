@@ -31,12 +31,12 @@ step pays as the expected slowest of its ranks.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, NoReturn
 
 from tfscale.config.train_config import PRECISIONS
+from tfscale.forecast import files
 from tfscale.forecast.model import Link
 
 PRESET_DIR = Path(__file__).with_name("machines")
@@ -109,16 +109,7 @@ def resolve(name_or_path: str) -> Path:
     Raises:
         ValueError: when it is neither, listing the presets.
     """
-    path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise ValueError(f"--machine={name_or_path}: no such file")
-        return path
-    preset = PRESET_DIR / f"{name_or_path}.json"
-    if not preset.is_file():
-        raise ValueError(f"--machine={name_or_path}: unknown machine; presets: "
-                         f"{', '.join(presets())}, or give a JSON file")
-    return preset
+    return files.resolve("machine", name_or_path, PRESET_DIR, kind="machine preset")
 
 
 def load(name_or_path: str) -> Machine:
@@ -128,11 +119,7 @@ def load(name_or_path: str) -> Machine:
         ValueError: naming the file and the bad field.
     """
     path = resolve(name_or_path)
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from err
-    return parse(raw, path)
+    return parse(files.read("machine", path), path)
 
 
 def parse(raw: Any, path: Path) -> Machine:
