@@ -199,7 +199,9 @@ def test_bad_machine_files_name_the_file_and_field(tmp_path: Path, edit, message
 def test_not_json_and_unknown_names(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--machine=.*bad.json: not valid JSON"):
         machines.load(_write(tmp_path, "{nope"))
-    with pytest.raises(ValueError, match="no such file or machine preset; shipped: dgx_a100, minicluster_"):
+    with pytest.raises(
+        ValueError, match="no such file or machine preset; shipped: dgx_a100, minicluster_"
+    ):
         machines.load("nope")
     with pytest.raises(ValueError, match="no compute rate for --precision=fp32 of model "
                                          "'resnet50'; it has: mixed_float16"):
