@@ -31,7 +31,7 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 SECTIONS = (
     ("Overhead: tfscale.train vs a plain Keras script", overhead,
-     lambda: overhead.measure(rounds=2, steps=6, batch=32, image_size=224)),
+     lambda: overhead.measure(rounds=4, steps=6, batch=32, image_size=224)),
     ("Compute: XLA x precision x threads", compute, lambda: compute.measure(4, 16, 224)),
     ("All-reduce: grouped vs per tensor", allreduce, allreduce.measure),
     ("Weak scaling: 2 workers vs 1", scaling,
