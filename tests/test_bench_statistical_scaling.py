@@ -79,6 +79,7 @@ def test_target_summary_and_efficiency_file() -> None:
             run("linear", 64, [0.2, 0.4, 0.6])]
     assert pick_target(runs) == pytest.approx(0.95)  # best mean 0.97, 2 points below
     assert pick_target([*runs, run("horovod x2", 64, [0.99])]) == pytest.approx(0.95)
+    assert pick_target([*runs, run("zero-init residual", 64, [0.99])]) == pytest.approx(0.95)
     row = summarize(runs[:2], 0.95)
     assert row["reached"] == "2/2" and row["final acc (mean)"] == pytest.approx(0.97)
     assert row["epochs to target"] == pytest.approx(8.0)
