@@ -13,6 +13,7 @@ import tensorflow as tf
 import input_pipelines
 import models
 from models.deeplabv3plus import deeplabv3plus
+from models.registry import ZERO_INIT_RESIDUAL
 from models.resnet50 import resnet50
 from models.tiramisu import CONFIGS, PAPER_PARAMS, tiramisu
 from tfscale.config.train_config import TrainConfig
@@ -199,8 +200,12 @@ def _segmentation_batch(size: int = 32, channels: int = 16, classes: int = 3):  
 
 @pytest.mark.parametrize("name", TINY_SEGMENTATION)
 def test_gradients_reach_every_trainable_weight(name: str) -> None:
+    # Zero-initialised residual scales (the default) stop the gradient of the convolution
+    # before them at the first step by construction; this checks the wiring, so without them.
+    residual = {"zero_init_residual": False} if name.startswith("deeplabv3plus") else {}
     config = TrainConfig(
-        model=name, image_size=32, input_channels=16, num_classes=3, class_weights="0.5,2,2"
+        model=name, image_size=32, input_channels=16, num_classes=3, class_weights="0.5,2,2",
+        **residual,
     )
     model = models.MODELS.get(name)(config)
     images, labels = _segmentation_batch()
@@ -251,8 +256,8 @@ def test_one_mixed_float16_training_step_is_finite(name: str, mixed_float16: Non
 
 @pytest.mark.parametrize("name", ["resnet50_tiny", "deeplabv3plus_tiny"])
 def test_zero_init_residual_starts_each_bottleneck_as_its_shortcut(name: str) -> None:
-    """--zero_init_residual: the last batch norm of every bottleneck starts with scale 0, the
-    others with 1; without it, all with 1."""
+    """--zero_init_residual (the default): the last batch norm of every bottleneck starts with
+    scale 0, the others with 1; without it, all with 1."""
     cfg = TrainConfig(model=name, image_size=32, num_classes=3)
     for zero in (False, True):
         built = models.MODELS.get(name)(cfg.replace(zero_init_residual=zero))
@@ -262,5 +267,7 @@ def test_zero_init_residual_starts_each_bottleneck_as_its_shortcut(name: str) ->
         assert len(last) == 16 and others
         assert all(np.all(np.asarray(layer.gamma) == (0.0 if zero else 1.0)) for layer in last)
         assert all(np.all(np.asarray(layer.gamma) == 1.0) for layer in others)
+    # On by default (bench.statistical_scaling); turning it off where nothing has it is refused.
+    assert ZERO_INIT_RESIDUAL.of(TrainConfig(model=name))
     with pytest.raises(ValueError, match="zero_init_residual"):
-        TrainConfig(model="tiny_cnn", zero_init_residual=True)
+        TrainConfig(model="tiny_cnn", zero_init_residual=False)
