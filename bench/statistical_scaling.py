@@ -97,7 +97,7 @@ def _workers(label: str, strategy: str, workers: int, datasets: tuple[str, ...] 
 def _now(strategy: str, workers: int) -> Arm:
     """The issue's command with today's default flags (zero-init residual on)."""
     name = "one process" if workers == 1 else f"{strategy} x{workers}"
-    return _workers(f"{name}, default flags since zero-init", strategy, workers, seeds=(0,),
+    return _workers(f"{name}, default flags since zero-init", strategy, workers,
                     zero_init=None)
 
 
@@ -318,7 +318,7 @@ def _finish(fig: Any, title: str, cpu: str, path: Path) -> None:
 STYLE = {"linear": ("C0", "o", "-"), "constant": ("C1", "s", "-"),
          "ema one process": ("C3", "v", "--"), "precise one process": ("C2", "^", "--"),
          "ema accumulated": ("C4", "D", ""), "weight decay": ("C5", "P", ""),
-         "weight decay + exclude": ("C6", "X", ""), "zero-init residual": ("C7", "*", "")}
+         "weight decay + exclude": ("C6", "X", ""), "zero-init residual": ("C7", "*", "-")}
 
 
 def plot_accuracy(by_dataset: dict[str, list[dict[str, Any]]], targets: dict[str, float],
@@ -352,7 +352,8 @@ def plot_accuracy(by_dataset: dict[str, list[dict[str, Any]]], targets: dict[str
 
 
 def plot_steps(by_dataset: dict[str, list[dict[str, Any]]], targets: dict[str, float], cpu: str,
-               path: Path, arms: Sequence[str] = ("linear", "constant")) -> None:
+               path: Path,
+               arms: Sequence[str] = ("linear", "constant", "zero-init residual")) -> None:
     """Shallue et al. (2019) fig. 1 style: optimizer steps to the target against the global batch,
     log-log, mean over the seeds that reached it (hollow: not every seed did; a cross at the top:
     none did), with the step budget, the perfect-scaling line through the smallest batch of
