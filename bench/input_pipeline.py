@@ -43,6 +43,7 @@ from input_pipelines.core.preprocessing_choice import preprocessing_for  # noqa:
 from input_pipelines.datasets import imagenet  # noqa: E402
 from input_pipelines.registry import Shard  # noqa: E402
 from input_pipelines.tools import folder_to_tfrecord  # noqa: E402
+from tfscale.config.settings import DataSettings  # noqa: E402
 from tfscale.config.train_config import TrainConfig  # noqa: E402
 
 TARGET_VS_NAIVE = 1.8
@@ -87,7 +88,8 @@ def naive(config: TrainConfig, rewrites: bool) -> tf.data.Dataset:
     ``map`` and ``batch``. Unless ``rewrites``, tf.data's default rewrites that parallelize
     it behind the user's back are off, so nothing is overlapped."""
     files = split_files(config.data_dir, "train")
-    transform = classification_transform(config, "train", preprocessing_for(config))
+    settings = DataSettings.of(config)
+    transform = classification_transform(settings, "train", preprocessing_for(settings))
     seed = tf.constant(config.seed, tf.int64)
     ds = tf.data.TFRecordDataset(files).map(imagenet.parse).repeat().enumerate()
     ds = ds.map(lambda k, e: transform(e, tf.stack([seed, k])))

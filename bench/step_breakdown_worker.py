@@ -109,9 +109,9 @@ def main() -> None:
         times["step"] = per_call_ms(step_fn(model, strategy.distribute_dataset(data)),
                                     args.steps, warm)
         if horovod_based:
-            strategy.config = cfg.replace(gradient_lag=1)  # what wrap_optimizer reads
+            strategy.config = strategy.settings(cfg.replace(gradient_lag=1))  # wrap_optimizer's
             model_lag = compiled(strategy.wrap_optimizer(sgd()))
-            strategy.config = cfg
+            strategy.config = strategy.settings(cfg)
             times["step_lag"] = per_call_ms(
                 step_fn(model_lag, strategy.distribute_dataset(data)), args.steps, warm)
         shapes = [w.shape for w in model.trainable_weights]

@@ -12,6 +12,7 @@ from input_pipelines.registry import (
     dataset_files,
     declare,
     has_validation_split,
+    inference_for,
     reads_data_dir,
     recognize,
     register,
@@ -19,4 +20,5 @@ from input_pipelines.registry import (
 )
 
 __all__ = ["PIPELINES", "Batches", "Shard", "dataset_files", "declare", "has_validation_split",
-           "reads_data_dir", "recognize", "register", "shapes_from_data", "task_of"]
+           "inference_for", "reads_data_dir", "recognize", "register", "shapes_from_data",
+           "task_of"]

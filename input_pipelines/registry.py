@@ -1,10 +1,14 @@
 """Registry of input pipelines and the contract every pipeline follows.
 
 A pipeline builder is called once per worker process as
-``builder(config, shard, split, batch_size) -> Batches``:
+``builder(settings, shard, split, batch_size) -> Batches``, where ``settings`` is the
+dataset's :class:`~tfscale.config.settings.DataSettings` (where the data is, how it is read and
+preprocessed, its shapes and the dataset's own options; not the rest of the run's
+configuration: ``PIPELINES.get(name)`` returns the builder taking the run's ``TrainConfig`` and
+handing it ``DataSettings.of(config, name)``):
 
 - ``shard`` says which part of the data this process reads (file-level sharding by
-  ``shard.index`` of ``shard.count``; record-level with ``config.record_sharding``), and where
+  ``shard.index`` of ``shard.count``; record-level with ``settings.record_sharding``), and where
   the process sits on its node (``local_index`` of ``local_count``, for node-local staging).
 - ``split`` is ``"train"`` or ``"validation"``.
 - ``batch_size`` is this process's batch (per-replica batch x replicas in this process).
@@ -32,9 +36,10 @@ returning the classes and image sizes its files record, or None: where the defau
 :mod:`input_pipelines.core.data_shape`), ``options=`` (its own flags:
 :class:`tfscale.config.options.Option` declarations, or ``"module:attribute"`` naming them; refused
 with another ``--dataset``), ``inference=`` (a function, or ``"module:function"``, taking
-the config and returning an :class:`input_pipelines.core.inference.Inference`: how evaluation
-turns a raw image into the model's input, which the trainer puts in front of the exported
-model), and, for data read from files, the two rules of its layout (each by default that of
+the dataset's ``DataSettings`` and returning an
+:class:`input_pipelines.core.inference.Inference`: how evaluation turns a raw image into the
+model's input, which the trainer puts in front of the exported model), and, for data read
+from files, the two rules of its layout (each by default that of
 :mod:`input_pipelines.core.files`: ``SPLIT-*`` files or a ``SPLIT/`` folder): ``files=`` (a
 function, or ``"module:function"``, taking the ``--data_dir`` and a split and returning the
 files its builder reads for that split, or raising a
@@ -55,15 +60,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from input_pipelines.core import files as layout
-from tfscale.cluster.shard import Shard  # re-exported: pipelines take it, strategies make it
+from tfscale.cluster.shard import Shard as Shard  # re-exported: pipelines take it
 from tfscale.config import options
 from tfscale.config.registry import TaskRegistry
+from tfscale.config.settings import DataSettings, hand
 from tfscale.config.tasks import CLASSIFICATION, SEGMENTATION
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from input_pipelines.core.inference import Inference
     from tfscale.config.train_config import TrainConfig
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +82,16 @@ class Batches:
     examples: int | None
 
 
-PipelineBuilder = Callable[["TrainConfig", Shard, str, int], Batches]
+# Registered: (DataSettings, Shard, split, batch) -> Batches; PIPELINES.get returns it taking
+# the run's TrainConfig or settings first.
+PipelineBuilder = Callable[..., Batches]
 # data_dir -> what this dataset's recognizer found there, or None.
 Recognizer = Callable[[str], "str | None"]
 
 # Built-in pipelines are declared, not imported: their modules import TensorFlow, which listing
 # the datasets or checking a name (and a tool that only parses flags) does not need.
-PIPELINES: TaskRegistry[PipelineBuilder] = TaskRegistry("dataset",
-                                                        entry_point_group="tfscale.datasets")
+PIPELINES: TaskRegistry[PipelineBuilder] = TaskRegistry(
+    "dataset", entry_point_group="tfscale.datasets", hand=hand(DataSettings))
 SPLITS = ("train", "validation")
 # Each dataset's options (options=), for the flags and configs.
 options.add_source("dataset", lambda: (
@@ -109,6 +119,16 @@ def hook(name: str, key: str) -> Callable[..., Any] | None:
         module, _, attribute = found.partition(":")
         found = getattr(importlib.import_module(module), attribute)
     return found
+
+
+def inference_for(config: TrainConfig) -> Inference | None:
+    """The inference preprocessing ``config.dataset`` declares (``inference=``, made from the
+    dataset's settings), or None when it declares none."""
+    make = hook(config.dataset, "inference")
+    if make is None:
+        return None
+    inference: Inference = make(DataSettings.of(config))
+    return inference
 
 
 def dataset_files(name: str, data_dir: str, split: str) -> list[str]:

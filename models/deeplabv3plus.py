@@ -24,7 +24,7 @@ from keras import layers
 from models.registry import ZERO_INIT_RESIDUAL
 from models.resnet50 import block_of as trunk_block_of
 from models.resnet50 import resnet50_features
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import ModelSettings
 
 ASPP_RATES = (6, 12, 18)  # at output stride 16; scaled by 16 / output_stride
 
@@ -134,21 +134,21 @@ def block_of(layer_name: str) -> str | None:
     return trunk_block_of(layer_name)
 
 
-def _shape(cfg: TrainConfig) -> tuple[int, int, int]:
+def _shape(cfg: ModelSettings) -> tuple[int, int, int]:
     return (cfg.image_size, cfg.image_size, cfg.input_channels)
 
 
-def build_deeplabv3plus(cfg: TrainConfig) -> keras.Model:
+def build_deeplabv3plus(cfg: ModelSettings) -> keras.Model:
     return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=16,
                          zero_init_residual=ZERO_INIT_RESIDUAL.of(cfg))
 
 
-def build_deeplabv3plus_os8(cfg: TrainConfig) -> keras.Model:
+def build_deeplabv3plus_os8(cfg: ModelSettings) -> keras.Model:
     return deeplabv3plus(_shape(cfg), cfg.num_classes, output_stride=8,
                          zero_init_residual=ZERO_INIT_RESIDUAL.of(cfg))
 
 
-def build_deeplabv3plus_tiny(cfg: TrainConfig) -> keras.Model:
+def build_deeplabv3plus_tiny(cfg: ModelSettings) -> keras.Model:
     return deeplabv3plus(
         _shape(cfg),
         cfg.num_classes,

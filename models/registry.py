@@ -1,19 +1,21 @@
 """Registry of model builders, and the built-in models.
 
-A builder takes the run's :class:`~tfscale.config.train_config.TrainConfig` and returns an
-uncompiled
-``keras.Model`` whose outputs are float32 probabilities-free logits: ``[B, num_classes]`` for
+A builder takes its :class:`~tfscale.config.settings.ModelSettings` (the data's shape and the
+model's own options: it is not handed the rest of the run's configuration) and returns an
+uncompiled ``keras.Model`` whose outputs are float32 logits: ``[B, num_classes]`` for
 ``task="classification"`` and ``[B, H, W, num_classes]`` for ``task="segmentation"`` (see
-:mod:`tfscale.config.tasks`). Builders must keep the final logits in float32 under a mixed-precision
-policy.
+:mod:`tfscale.config.tasks`). Builders must keep the final logits in float32 under a
+mixed-precision policy.
 
 Your own model registers with the decorator::
 
     @models.register("my_net", "what it is, in one line", task="classification")
-    def build_my_net(cfg: TrainConfig) -> keras.Model: ...
+    def build_my_net(settings: ModelSettings) -> keras.Model: ...
 
 with ``options=`` for flags of its own (:class:`tfscale.config.options.Option` declarations, or
-``"module:attribute"`` naming them), as datasets have them.
+``"module:attribute"`` naming them), as datasets have them; ``OPTION.of(settings)`` reads one.
+``MODELS.get(name)`` returns the builder taking the run's ``TrainConfig`` (or settings) and
+handing it ``ModelSettings.of(config, name)``.
 
 The built-in models are declared below by name, builder (``"module:function"``), description
 and task: their modules import Keras, which is loaded only when a builder is fetched, so
@@ -28,17 +30,19 @@ from typing import TYPE_CHECKING
 from tfscale.config import options
 from tfscale.config.options import Option
 from tfscale.config.registry import Registry, TaskRegistry
+from tfscale.config.settings import ModelSettings, hand
 from tfscale.config.tasks import CLASSIFICATION, SEGMENTATION
 
 if TYPE_CHECKING:
     import keras
 
-    from tfscale.config.train_config import TrainConfig
     from tfscale.training.recompute import BlockRule
 
-ModelBuilder = Callable[["TrainConfig"], "keras.Model"]
+# Registered: (ModelSettings) -> Model; MODELS.get returns it taking a TrainConfig or settings.
+ModelBuilder = Callable[..., "keras.Model"]
 
-MODELS: TaskRegistry[ModelBuilder] = TaskRegistry("model", entry_point_group="tfscale.models")
+MODELS: TaskRegistry[ModelBuilder] = TaskRegistry("model", entry_point_group="tfscale.models",
+                                                hand=hand(ModelSettings))
 # The blocks --recompute recomputes as one, by model name (tfscale.training.recompute). Your own
 # model
 # adds its rule with ``@models.BLOCKS.register("my_net", "what its blocks are")``.

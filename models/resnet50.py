@@ -14,7 +14,7 @@ import keras
 from keras import layers
 
 from models.registry import ZERO_INIT_RESIDUAL
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import ModelSettings
 
 _BN_EPS = 1.001e-5
 STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (filters, blocks, first stride)
@@ -114,11 +114,11 @@ def block_of(layer_name: str) -> str | None:
     return bottleneck_block.group(1) if bottleneck_block else None
 
 
-def build_resnet50(cfg: TrainConfig) -> keras.Model:
+def build_resnet50(cfg: ModelSettings) -> keras.Model:
     return resnet50((cfg.image_size, cfg.image_size, cfg.input_channels), cfg.num_classes,
                     zero_init_residual=ZERO_INIT_RESIDUAL.of(cfg))
 
 
-def build_resnet50_tiny(cfg: TrainConfig) -> keras.Model:
+def build_resnet50_tiny(cfg: ModelSettings) -> keras.Model:
     return resnet50((cfg.image_size, cfg.image_size, cfg.input_channels), cfg.num_classes,
                     width=1 / 16, zero_init_residual=ZERO_INIT_RESIDUAL.of(cfg))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import ModelSettings
 
 
 def tiny_cnn(
@@ -48,17 +48,17 @@ def mlp(input_shape: tuple[int, int, int], num_classes: int, width: int = 512) -
     return keras.Model(inputs, outputs, name="mlp")
 
 
-def _shape(cfg: TrainConfig) -> tuple[int, int, int]:
+def _shape(cfg: ModelSettings) -> tuple[int, int, int]:
     return (cfg.image_size, cfg.image_size, cfg.input_channels)
 
 
-def build_tiny_cnn(cfg: TrainConfig) -> keras.Model:
+def build_tiny_cnn(cfg: ModelSettings) -> keras.Model:
     return tiny_cnn(_shape(cfg), cfg.num_classes)
 
 
-def build_tiny_bn_cnn(cfg: TrainConfig) -> keras.Model:
+def build_tiny_bn_cnn(cfg: ModelSettings) -> keras.Model:
     return tiny_bn_cnn(_shape(cfg), cfg.num_classes)
 
 
-def build_mlp(cfg: TrainConfig) -> keras.Model:
+def build_mlp(cfg: ModelSettings) -> keras.Model:
     return mlp(_shape(cfg), cfg.num_classes)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import keras
 from keras import layers
 
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import ModelSettings
 
 FIRST_FILTERS = 48
 # Layers per dense block of the downsampling path, then the bottleneck, and the growth rate
@@ -144,7 +144,7 @@ def block_of(layer_name: str) -> str | None:
     return found.group(1).replace("tu", "up") if found else None
 
 
-def _build(name: str, cfg: TrainConfig) -> keras.Model:
+def _build(name: str, cfg: ModelSettings) -> keras.Model:
     down, bottleneck, growth = CONFIGS[name]
     return tiramisu(
         (cfg.image_size, cfg.image_size, cfg.input_channels),
@@ -156,23 +156,23 @@ def _build(name: str, cfg: TrainConfig) -> keras.Model:
     )
 
 
-def build_tiramisu(cfg: TrainConfig) -> keras.Model:
+def build_tiramisu(cfg: ModelSettings) -> keras.Model:
     return _build("tiramisu103", cfg)
 
 
-def build_tiramisu56(cfg: TrainConfig) -> keras.Model:
+def build_tiramisu56(cfg: ModelSettings) -> keras.Model:
     return _build("tiramisu56", cfg)
 
 
-def build_tiramisu67(cfg: TrainConfig) -> keras.Model:
+def build_tiramisu67(cfg: ModelSettings) -> keras.Model:
     return _build("tiramisu67", cfg)
 
 
-def build_tiramisu103(cfg: TrainConfig) -> keras.Model:
+def build_tiramisu103(cfg: ModelSettings) -> keras.Model:
     return _build("tiramisu103", cfg)
 
 
-def build_tiramisu_tiny(cfg: TrainConfig) -> keras.Model:
+def build_tiramisu_tiny(cfg: ModelSettings) -> keras.Model:
     return tiramisu(
         (cfg.image_size, cfg.image_size, cfg.input_channels),
         cfg.num_classes,

@@ -17,7 +17,6 @@ import pytest
 import tensorflow as tf
 
 import input_pipelines
-from input_pipelines.core import inference as input_inference
 from input_pipelines.datasets.imagenet import parse
 from input_pipelines.tools import folder_to_tfrecord, stats
 from tests.conftest import run_process
@@ -157,7 +156,7 @@ def test_a_segmentation_export_crops_and_normalizes_as_evaluation(tmp_path: Path
                      input_channels=2, deterministic=True)
     inputs = keras.Input((16, 16, 2))
     model = keras.Model(inputs, keras.layers.Conv2D(3, 3, padding="same")(inputs))
-    inference = input_inference.for_run(cfg)
+    inference = input_pipelines.inference_for(cfg)
     assert inference is not None and inference.dtype == "float32"
     export_inference(model, tmp_path / "export", inference.preprocess, inference.dtype,
                      inference.channels, {"task": inference.task})

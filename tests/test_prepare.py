@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tests.conftest import TINY, requires_horovod, run_process, run_train
 from tfscale.cluster.shard import Shard
+from tfscale.config.settings import configuration
 from tfscale.config.train_config import TrainConfig
 from tfscale.scripts import prepare as _prepare
 from tfscale.strategies import create
@@ -208,7 +209,7 @@ def test_user_script_under_tfscale_run_equals_tfscale_train(strategy: str, lag: 
 def test_a_script_sets_up_once_and_prepare_uses_that_strategy() -> None:
     try:
         strategy = _prepare.setup(seed=5, sync_bn=True)
-        assert strategy.config.seed == 5
+        assert configuration(strategy.config).seed == 5 and strategy.config.sync_bn
         prepared = _prepare.prepare(_model(), "sgd")
         assert prepared.strategy is strategy and _prepare.setup() is strategy
         assert _prepare.shard_arrays(np.arange(3))[0].tolist() == [0, 1, 2]

@@ -117,9 +117,10 @@ from acme_strategies import SPREAD
 values = flags.FlagValues()
 define_flags(values)
 values(["train", *sys.argv[1:]])
-strategy = create(config_from_flags(values))
+config = config_from_flags(values)
+strategy = create(config)
 print(json.dumps({"spread": SPREAD.of(strategy.config), "class": type(strategy).__name__,
-                  "argv": strategy.config.to_argv(), "help": values.get_help()}))
+                  "argv": config.to_argv(), "help": values.get_help()}))
 """
 
 

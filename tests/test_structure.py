@@ -298,6 +298,29 @@ def test_every_package_of_tfscale_imports_only_what_its_role_allows(graph: Graph
     assert not bad, "an import across the layers of tfscale:\n" + "\n".join(sorted(bad))
 
 
+# The plugins' own code is handed settings (tfscale.config.settings), never the whole
+# configuration, not even by type. Apart: the registries, reading a data folder's shape (for
+# the flags' defaults) and the strategies' base class, which makes a strategy's settings.
+PLUGIN_CODE = (Path("models"), Path("input_pipelines", "datasets"),
+               Path("input_pipelines", "core"), Path("tfscale", "strategies"))
+CONFIG_READERS = (Path("models", "registry.py"), Path("input_pipelines", "core", "data_shape.py"),
+                  Path("tfscale", "strategies", "registry.py"),
+                  Path("tfscale", "strategies", "base.py"))
+
+
+def test_plugins_are_handed_settings_not_the_configuration() -> None:
+    bad = []
+    for folder in PLUGIN_CODE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.relative_to(ROOT) in CONFIG_READERS:
+                continue
+            for node, _ in _import_nodes(ast.parse(path.read_text())):
+                names = [a.name for a in getattr(node, "names", ())]
+                if "TrainConfig" in names:
+                    bad.append(str(path.relative_to(ROOT)))
+    assert not bad, f"plugin code that knows the whole configuration: {bad}"
+
+
 def test_tfscale_top_level_is_the_public_face() -> None:
     entries = sorted(p.name for p in (ROOT / "tfscale").iterdir()
                      if p.name != "__pycache__" and (p.suffix == ".py" or p.is_dir()))

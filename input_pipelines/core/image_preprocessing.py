@@ -28,7 +28,7 @@ from input_pipelines.core import report
 from input_pipelines.core.checks import checked_labels, non_finite
 from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for
 from input_pipelines.registry import Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 AREA_RANGE = (0.08, 1.0)
 ASPECT_RANGE = (3 / 4, 4 / 3)
@@ -175,7 +175,7 @@ def announce(preprocessing: Preprocessing) -> None:
         report.note(None, preprocessing.describe())
 
 
-def run_preprocessing(config: TrainConfig, shard: Shard, split: str) -> Preprocessing:
+def run_preprocessing(config: DataSettings, shard: Shard, split: str) -> Preprocessing:
     """The run's resolved preprocessing, announced by the first worker when it builds its
     training pipeline.
 
@@ -188,7 +188,7 @@ def run_preprocessing(config: TrainConfig, shard: Shard, split: str) -> Preproce
     return preprocessing
 
 
-def classification_transform(config: TrainConfig, split: str, preprocessing: Preprocessing
+def classification_transform(config: DataSettings, split: str, preprocessing: Preprocessing
                              ) -> Callable[[tuple[tf.Tensor, tf.Tensor], tf.Tensor],
                                            tuple[tf.Tensor, tf.Tensor]]:
     """(encoded image, label), seed -> (float32 image, int32 label) for ``split``, at

@@ -2,7 +2,7 @@
 
 A dataset that reads real images or samples says how its validation split turns one into the
 model's input by naming, on its registry entry, ``inference="module:function"``: a function
-``TrainConfig -> Inference``. The trainer puts that preprocessing in front of the trained model
+``DataSettings -> Inference``. The trainer puts that preprocessing in front of the trained model
 when it exports it (:mod:`tfscale.training.export`), so ``python -m tfscale.predict`` and users'
 ``tf.saved_model.load`` give raw pixels and get the predictions evaluation would give.
 
@@ -30,9 +30,8 @@ from input_pipelines.core.image_preprocessing import eval_pixels, per_channel_af
 from input_pipelines.core.manifest import beside
 from input_pipelines.core.preprocessing_choice import preprocessing_for
 from input_pipelines.core.segmentation import required_stats, stats_affine
-from input_pipelines.registry import hook
+from tfscale.config.settings import DataSettings  # noqa: TC001
 from tfscale.config.tasks import CLASSIFICATION, SEGMENTATION
-from tfscale.config.train_config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +48,6 @@ class Inference:
     description: str  # the preprocessing, in words
 
 
-def for_run(config: TrainConfig) -> Inference | None:
-    """The inference preprocessing ``config.dataset`` declares, or None when it declares none."""
-    make = hook(config.dataset, "inference")
-    if make is None:
-        return None
-    inference: Inference = make(config)
-    return inference
-
-
 def manifest_classes(data_dir: str) -> tuple[list[str] | None, str]:
     """The class names of the converter's manifest beside ``data_dir`` (in its folder or the
     one above) and the manifest's path, or ``(None, "")``."""
@@ -68,7 +58,7 @@ def manifest_classes(data_dir: str) -> tuple[list[str] | None, str]:
     return [str(n) for n in document["classes"]], path
 
 
-def _images(config: TrainConfig, classes: list[str] | None, where: str) -> Inference:
+def _images(config: DataSettings, classes: list[str] | None, where: str) -> Inference:
     preprocessing = preprocessing_for(config)
     size = config.image_size
 
@@ -84,18 +74,18 @@ def _images(config: TrainConfig, classes: list[str] | None, where: str) -> Infer
                      classes, where, description)
 
 
-def images(config: TrainConfig) -> Inference:
+def images(config: DataSettings) -> Inference:
     """Classification of encoded images (see the module docstring)."""
     return _images(config, *manifest_classes(config.data_dir))
 
 
-def image_folders(config: TrainConfig) -> Inference:
+def image_folders(config: DataSettings) -> Inference:
     """Classification of an image folder: class names are its class folders' names."""
     folder = split_folder(config.data_dir, "train")
     return _images(config, class_names(folder), folder)
 
 
-def samples(config: TrainConfig) -> Inference:
+def samples(config: DataSettings) -> Inference:
     """Segmentation samples (see the module docstring)."""
     folder, stats = required_stats(config)
     size = config.image_size

@@ -35,7 +35,7 @@ from input_pipelines.core.files import data_root, shard_files
 from input_pipelines.core.manifest import MANIFEST, entries_for
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 DATA_FILE = "data.mdb"
 CAFFE_NAMES = {"train": ("*train*_lmdb",), "validation": ("*val*_lmdb", "*test*_lmdb")}
@@ -172,7 +172,7 @@ class KeyRanges:
     entry: dict[str, Any] | None  # the manifest's entry for the environment
     record_sharding: bool
 
-    def reading(self, config: TrainConfig) -> TrainConfig:
+    def reading(self, config: DataSettings) -> DataSettings:
         """``config`` with the record-level sharding these ranges are read with."""
         return config.replace(record_sharding=self.record_sharding)
 
@@ -197,7 +197,7 @@ def _range_starts(environment: Any, bounds: list[tuple[int, int]]) -> list[bytes
                 enumerate(txn.cursor().iternext(keys=True, values=False)) if index in begins]
 
 
-def worker_ranges(config: TrainConfig, shard: Shard, split: str) -> KeyRanges:
+def worker_ranges(config: DataSettings, shard: Shard, split: str) -> KeyRanges:
     """Finds, stages, checks and deals the key ranges of ``split`` for worker ``shard``.
 
     Raises:

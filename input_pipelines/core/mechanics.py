@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from input_pipelines.core.errors import DataError
 from input_pipelines.registry import Batches, Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 # (path, index of the file's first record in the split, records in the file)
 #   -> dataset of (global record index int64, record)
@@ -60,7 +60,7 @@ def _seed(seed: int, epoch: tf.Tensor, stage: int) -> tf.Tensor:
     return (tf.constant(seed, tf.int64) * 1_000_003 + epoch) * 2 + stage
 
 
-def options(config: TrainConfig) -> tf.data.Options:
+def options(config: DataSettings) -> tf.data.Options:
     """Options shared by every pipeline: determinism, autotuning, no automatic re-sharding."""
     opts = tf.data.Options()
     opts.deterministic = config.deterministic
@@ -71,7 +71,7 @@ def options(config: TrainConfig) -> tf.data.Options:
 
 
 def batches(files: Sequence[str], counts: Sequence[int], read: Reader, parse: Parse,
-            transform: Transform, config: TrainConfig, shard: Shard, split: str,
+            transform: Transform, config: DataSettings, shard: Shard, split: str,
             batch_size: int) -> Batches:
     """The batched dataset of this worker's ``files`` (see the module docstring).
 

@@ -31,7 +31,7 @@ from typing import Any
 from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import data_root
 from input_pipelines.core.manifest import MANIFEST, read_json
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 LARGE = 128  # images at least this many pixels a side get the ImageNet recipe
 # Per-channel mean and standard deviation of ImageNet pixels scaled to [0, 1].
@@ -75,7 +75,7 @@ class Preprocessing:
                 "0-255 pixels)")
 
 
-def resolve_preprocessing(config: TrainConfig, stats: PixelStats | None) -> Preprocessing:
+def resolve_preprocessing(config: DataSettings, stats: PixelStats | None) -> Preprocessing:
     """Resolves the ``auto`` preprocessing flags of ``config`` (see the module docstring).
 
     Args:
@@ -154,6 +154,6 @@ def find_pixel_stats(data_dir: str, channels: int) -> PixelStats | None:
     return None
 
 
-def preprocessing_for(config: TrainConfig) -> Preprocessing:
+def preprocessing_for(config: DataSettings) -> Preprocessing:
     """:func:`resolve_preprocessing` with the statistics found beside ``--data_dir``."""
     return resolve_preprocessing(config, find_pixel_stats(config.data_dir, config.input_channels))

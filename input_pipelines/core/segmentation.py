@@ -20,10 +20,10 @@ from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import data_root, is_glob
 from input_pipelines.core.image_preprocessing import per_channel_affine
 from input_pipelines.core.stats import STATS, load_stats
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 
-def required_stats(config: TrainConfig) -> tuple[str, dict[str, Any]]:
+def required_stats(config: DataSettings) -> tuple[str, dict[str, Any]]:
     """The folder and contents of the stats.json of ``--data_dir`` (in its folder, or the one
     above for a ``SPLIT/`` folder or a glob inside one).
 
@@ -41,7 +41,7 @@ def required_stats(config: TrainConfig) -> tuple[str, dict[str, Any]]:
                     f"with: python -m input_pipelines.tools.stats --data_dir {root}")
 
 
-def check_sample_shape(shape: Sequence[int], where: str, config: TrainConfig) -> None:
+def check_sample_shape(shape: Sequence[int], where: str, config: DataSettings) -> None:
     """Raises ``DataError`` unless samples of ``shape`` (H, W, C) fit the configuration."""
     height, width, channels = shape
     if channels != config.input_channels:
@@ -80,7 +80,7 @@ def stats_affine(stats: dict[str, Any]) -> tuple[list[float], list[float]]:
     return scale, [-m / s for m, s in zip(stats["mean"], stats["std"], strict=True)]
 
 
-def segmentation_transform(stats: dict[str, Any], config: TrainConfig, split: str
+def segmentation_transform(stats: dict[str, Any], config: DataSettings, split: str
                            ) -> Callable[[tuple[tf.Tensor, tf.Tensor], tf.Tensor],
                                          tuple[tf.Tensor, tf.Tensor]]:
     """(data, labels), seed -> (normalized cropped data, checked labels) for ``split``."""

@@ -21,7 +21,7 @@ from input_pipelines.core.files import data_root, shard_files, split_files
 from input_pipelines.core.manifest import entries_for
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 Counter = Callable[[str], int]  # path -> records in the file; raises CorruptFileError
 
@@ -37,7 +37,7 @@ class WorkerFiles:
     first_source: str  # the split's first file, a reference every worker shares
     record_sharding: bool = False  # each worker reads every file and keeps its own records
 
-    def reading(self, config: TrainConfig) -> TrainConfig:
+    def reading(self, config: DataSettings) -> DataSettings:
         """``config`` with the record-level sharding these files are read with."""
         return config.replace(record_sharding=self.record_sharding)
 
@@ -46,7 +46,7 @@ class WorkerFiles:
         """Total size of the files."""
         return sum(os.path.getsize(p) for p in self.paths)
 
-    def without(self, corrupt: Sequence[CorruptFileError], config: TrainConfig, shard: Shard,
+    def without(self, corrupt: Sequence[CorruptFileError], config: DataSettings, shard: Shard,
                 split: str) -> WorkerFiles:
         """These files less the ``corrupt`` ones (named by source), reported.
 
@@ -65,7 +65,7 @@ class WorkerFiles:
             counts=[self.counts[i] for i in keep])
 
 
-def worker_files(config: TrainConfig, shard: Shard, split: str, count: Counter,
+def worker_files(config: DataSettings, shard: Shard, split: str, count: Counter,
                  suffixes: Sequence[str] = ()) -> WorkerFiles:
     """Finds, shards, stages, checks and counts the files of ``split`` for worker ``shard``.
 

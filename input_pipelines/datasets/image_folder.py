@@ -36,7 +36,7 @@ from input_pipelines.core.image_preprocessing import (
 )
 from input_pipelines.core.staging import stage
 from input_pipelines.registry import Batches, Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 
 def check_classes(folder: ImageFolder, num_classes: int) -> None:
@@ -54,7 +54,7 @@ def read_image_file(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.d
     return tf.data.Dataset.from_tensors((first, path))
 
 
-def _worker_images(config: TrainConfig, shard: Shard,
+def _worker_images(config: DataSettings, shard: Shard,
                    split: str) -> tuple[list[str], list[int], list[str]]:
     """This worker's image paths (staged if staging), labels and source names, checked."""
     folder = list_images(config.data_dir, split)
@@ -89,7 +89,7 @@ def _worker_images(config: TrainConfig, shard: Shard,
 _noted: set[str] = set()
 
 
-def note_no_evaluation(config: TrainConfig, shard: Shard) -> None:
+def note_no_evaluation(config: DataSettings, shard: Shard) -> None:
     """Says, once per process and on the first worker, that class folders without a
     ``validation/`` folder give a run without evaluation (nothing else would say so)."""
     if (shard.index or config.validation_steps or config.data_dir in _noted
@@ -103,7 +103,7 @@ def note_no_evaluation(config: TrainConfig, shard: Shard) -> None:
                 "-m input_pipelines.tools.folder_to_tfrecord --validation_fraction=0.2)")
 
 
-def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+def build(config: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``image_folder`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "image_folder")
     if split == "train":

@@ -25,7 +25,7 @@ from input_pipelines.core.image_preprocessing import (
 from input_pipelines.core.sources import WorkerFiles, check_manifest_labels, worker_files
 from input_pipelines.core.tfrecord_scan import scan_tfrecord
 from input_pipelines.registry import Batches, Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
@@ -39,7 +39,7 @@ def parse(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return features["image/encoded"], features["image/class/label"]
 
 
-def check_small(files: WorkerFiles, config: TrainConfig, shard: Shard,
+def check_small(files: WorkerFiles, config: DataSettings, shard: Shard,
                 split: str) -> WorkerFiles:
     """Reads every record of small data up front (see :mod:`input_pipelines.core.checks`).
 
@@ -59,7 +59,7 @@ def check_small(files: WorkerFiles, config: TrainConfig, shard: Shard,
     return files.without(corrupt, config, shard, split)
 
 
-def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+def build(config: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``imagenet`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "imagenet")
     files = worker_files(config, shard, split, scan_tfrecord)

@@ -38,7 +38,7 @@ from input_pipelines.core.image_preprocessing import (
 )
 from input_pipelines.core.lmdb_env import DATA_FILE, KeyRanges, read_range, worker_ranges
 from input_pipelines.registry import Batches, Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 # A block of records: (global indices, (image bytes, labels, raw shapes [C, H, W], zeros for an
 # encoded image)); the generator hands over blocks because each call into Python costs far
@@ -147,7 +147,7 @@ def check_labels(ranges: KeyRanges, num_classes: int) -> None:
             raise error
 
 
-def check_small(ranges: KeyRanges, read: mechanics.Reader, config: TrainConfig) -> None:
+def check_small(ranges: KeyRanges, read: mechanics.Reader, config: DataSettings) -> None:
     """Decodes every record of this worker's ranges when the environment is small (the Datums
     here, where an error can name the key; the images in ``tf.data``, as training will).
 
@@ -174,7 +174,7 @@ def check_small(ranges: KeyRanges, read: mechanics.Reader, config: TrainConfig) 
                         f"{checks.first_line(err)}")
 
 
-def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+def build(config: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``lmdb`` pipeline of worker ``shard`` (see the module docstring)."""
     validate_channels(config.input_channels, "lmdb")
     ranges = worker_ranges(config, shard, split)

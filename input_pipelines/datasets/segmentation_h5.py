@@ -35,7 +35,7 @@ from input_pipelines.core.segmentation import (
 )
 from input_pipelines.core.sources import WorkerFiles, worker_files
 from input_pipelines.registry import Batches, Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 
 def read_sample_refs(path: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
@@ -72,7 +72,7 @@ def _reference(files: WorkerFiles, layouts: dict[str, Layout], keys: tuple[str, 
         return files.sources[0], layouts[files.paths[0]]
 
 
-def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+def build(config: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``segmentation_h5`` pipeline of worker ``shard`` (see the module docstring)."""
     root, stats = required_stats(config)
     keys = (str(stats.get("data_key", DATA_KEY)), str(stats.get("label_key", LABEL_KEY)))

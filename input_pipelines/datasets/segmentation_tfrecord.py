@@ -24,10 +24,10 @@ from input_pipelines.core.segmentation import (
 from input_pipelines.core.sources import check_manifest_labels, worker_files
 from input_pipelines.core.tfrecord_scan import scan_tfrecord
 from input_pipelines.registry import Batches, Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 
-def build(config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+def build(config: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
     """The ``segmentation_tfrecord`` pipeline of worker ``shard`` (see the module docstring)."""
     root, stats = required_stats(config)
     sample_shape = tuple(int(d) for d in stats["sample_shape"])

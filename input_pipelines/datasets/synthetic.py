@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from input_pipelines.registry import Batches, Shard
 from tfscale.config.options import Option
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -46,7 +46,7 @@ def synthetic_batches(
     return images, labels
 
 
-def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+def build(cfg: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
     import tensorflow as tf
 
     # Each worker gets its own data (different seed), as with real sharded data.

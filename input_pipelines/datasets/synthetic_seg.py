@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from input_pipelines.core.synthetic_fields import samples, split_seed
 from input_pipelines.registry import Batches, Shard
-from tfscale.config.train_config import TrainConfig
+from tfscale.config.settings import DataSettings
 
 
-def build(cfg: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+def build(cfg: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
     base = split_seed(cfg.seed, shard.index, split)
     size, channels, classes = cfg.image_size, cfg.input_channels, cfg.num_classes
     if split == "train":

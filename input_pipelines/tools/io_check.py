@@ -54,6 +54,7 @@ from input_pipelines.registry import (  # noqa: E402
 )
 from input_pipelines.tools import parse_tool_flags  # noqa: E402
 from tfscale.cli.flags import config_from_flags, define_flags  # noqa: E402
+from tfscale.config.settings import DataSettings  # noqa: E402
 from tfscale.config.train_config import TrainConfig  # noqa: E402
 
 STAGES = ("records", "decoded", "augmented")
@@ -86,7 +87,7 @@ def undecoded() -> Iterator[None]:
 
     def records_only(files: Sequence[str], counts: Sequence[int], read: mechanics.Reader,
                      parse: mechanics.Parse, transform: mechanics.Transform,
-                     config: TrainConfig, shard: Shard, split: str, batch_size: int) -> Batches:
+                     config: DataSettings, shard: Shard, split: str, batch_size: int) -> Batches:
         del transform
         return batches(files, counts, read, parse, lambda element, seed: element, config,
                        shard, split, batch_size)

@@ -29,8 +29,10 @@ from absl import flags  # noqa: E402
 
 from input_pipelines.core.errors import DataError  # noqa: E402
 from input_pipelines.core.preprocessing_choice import Preprocessing, preprocessing_for  # noqa: E402
+from input_pipelines.registry import inference_for  # noqa: E402
 from input_pipelines.tools import parse_tool_flags  # noqa: E402
 from tfscale.cli.flags import config_from_flags, define_flags  # noqa: E402
+from tfscale.config.settings import DataSettings  # noqa: E402
 from tfscale.config.tasks import CLASSIFICATION
 from tfscale.config.train_config import TrainConfig  # noqa: E402
 
@@ -140,11 +142,10 @@ def preview(config: TrainConfig, out: str, rows: int, columns: int) -> Preproces
                          f"{config.input_channels}: the preview shows classification images "
                          "of 1 or 3 channels")
     from input_pipelines.core.image_preprocessing import announce
-    from input_pipelines.core.inference import for_run
 
-    preprocessing = preprocessing_for(config)
+    preprocessing = preprocessing_for(DataSettings.of(config))
     announce(preprocessing)
-    inference = for_run(config)
+    inference = inference_for(config)
     classes = inference.classes if inference is not None else None
     sections = []
     for split, label in (("train", "TRAIN"), ("validation", "EVAL")):

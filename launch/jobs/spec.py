@@ -57,7 +57,7 @@ class Knobs:
         given = {name: getattr(self, name) for name in ("fusion_threshold_mb", "cycle_time_ms")
                  if getattr(self, name) >= 0}
         env = {"TF_CPP_MIN_LOG_LEVEL": str(self.tf_log_level),
-               **strategy.environment(config.replace(**given))}
+               **strategy.environment(strategy.settings(config.replace(**given)))}
         if self.hierarchical_allreduce:
             env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
         if self.nccl_debug:

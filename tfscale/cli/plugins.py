@@ -139,11 +139,10 @@ def _warn_ignored_tuning_flags(config: TrainConfig) -> None:
 def parts(config: TrainConfig) -> Parts:
     """The model and dataset ``config`` names, from their registries, for the trainer
     (:func:`tfscale.training.trainer.run`)."""
-    from input_pipelines.core import inference
-
     return Parts(
         model=models.MODELS.get(config.model), task=models.task_of(config.model),
         data=input_pipelines.PIPELINES.get(config.dataset),
         has_validation=input_pipelines.has_validation_split(config.data_dir, config.dataset),
         reads_data=input_pipelines.reads_data_dir(config.dataset),
-        block_rule=lambda: models.block_rule(config.model), inference=inference.for_run)
+        block_rule=lambda: models.block_rule(config.model),
+        inference=input_pipelines.inference_for)

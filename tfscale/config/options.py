@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from absl import flags
 
+    from tfscale.config.settings import Settings
     from tfscale.config.train_config import TrainConfig
 
 T = TypeVar("T", bool, int, float, str)
@@ -78,8 +79,18 @@ class Option(Generic[T]):
             self.check(value)
         return value
 
-    def of(self, config: TrainConfig) -> T:
-        """This option's value in ``config`` (its default where the config does not hold it)."""
+    def of(self, config: TrainConfig | Settings) -> T:
+        """This option's value in ``config`` (its default where the config does not hold it),
+        or in a plugin's settings (:mod:`tfscale.config.settings`).
+
+        Raises:
+            LookupError: when the settings are of a plugin that did not declare this option.
+        """
+        values = config.options
+        if isinstance(values, OwnOptions) and self.name not in values:
+            raise LookupError(f"--{self.name} is not an option of {values.owner}; a plugin "
+                              f"reads only the options it declares (options= where it "
+                              f"registers)")
         value = config.options.get(self.name, self.default)
         return value  # type: ignore[no-any-return]
 
@@ -114,6 +125,19 @@ class Options(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"Options({self._values!r})"
+
+
+class OwnOptions(Options):
+    """The options of one plugin only, in its settings (:mod:`tfscale.config.settings`):
+    :meth:`Option.of` refuses another plugin's option here rather than give its default."""
+
+    def __init__(self, owner: str,
+                 values: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
+        super().__init__(values)
+        self.owner = owner  # "model 'resnet50'", for the refusal
+
+    def __repr__(self) -> str:
+        return f"OwnOptions({self.owner!r}, {dict(self)!r})"
 
 
 def merge(declarations: Iterable[Option[Any]]) -> dict[str, Option[Any]]:

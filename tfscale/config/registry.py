@@ -63,7 +63,8 @@ class Registry(Generic[T]):
 
     def __init__(self, kind: str, load: Callable[[], object] | None = None,
                  entry_point_group: str = "",
-                 adopt: Callable[[str, Any, str], object] | None = None) -> None:
+                 adopt: Callable[[str, Any, str], object] | None = None,
+                 hand: Callable[[str, T], T] | None = None) -> None:
         """``load``, if given, imports the built-in plugins on the first lookup (so that importing
         the package does not import every plugin module, e.g. before ``python -m`` runs one).
         ``entry_point_group``, if given, names the entry-point group through which installed
@@ -71,8 +72,13 @@ class Registry(Generic[T]):
         and registers its plugins as it is imported (see :meth:`load_entry_points`). ``adopt``,
         if given, registers what an entry point names when importing it registered nothing
         under the entry point's name: ``adopt(name, loaded object, entry point value)`` (the
-        strategies' entry points name the class itself)."""
+        strategies' entry points name the class itself). ``hand``, if given, wraps each plugin
+        that :meth:`get` returns: ``hand(name, plugin)`` (the models' and datasets' registries
+        hand a builder its settings, :mod:`tfscale.config.settings`, instead of the whole
+        configuration)."""
         self.kind = kind
+        self._hand = hand
+        self._handed: dict[str, T] = {}
         self.entry_point_group = entry_point_group
         self._adopt = adopt
         self._entries: dict[str, Entry[T]] = {}
@@ -171,8 +177,15 @@ class Registry(Generic[T]):
             ) from None
 
     def get(self, name: str) -> T:
-        """Returns the plugin registered as ``name`` (see :meth:`entry`)."""
-        return self.entry(name).obj
+        """Returns the plugin registered as ``name`` (see :meth:`entry`), as the registry's
+        ``hand`` wraps it."""
+        plugin = self.entry(name).obj
+        if self._hand is None:
+            return plugin
+        handed = self._handed.get(name)
+        if handed is None or getattr(handed, "__wrapped__", None) is not plugin:
+            handed = self._handed[name] = self._hand(name, plugin)
+        return handed
 
     def names(self) -> list[str]:
         """Sorted registered names."""

@@ -310,7 +310,7 @@ def launch_workers(config: TrainConfig) -> int:
     if not strategy.multi_process():
         raise ValueError(f"--strategy={config.strategy} cannot be launched with --num_processes")
     command = [sys.executable, "-m", "tfscale.train", *config.to_argv()]
-    hosts = node_layout(config.num_processes, strategy.ranks_per_node(config))
+    hosts = node_layout(config.num_processes, strategy.ranks_per_node(strategy.settings(config)))
 
     def start() -> tuple[list[dict[str, str]], Callable[[], None] | None]:
         envs, on_exit = group_envs(strategy.rendezvous, hosts)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfscale.cluster import rank_zero
 from tfscale.config.errors import report_script_usage_errors
+from tfscale.config.settings import configuration
 from tfscale.config.train_config import TrainConfig, config_names
 from tfscale.strategies import Strategy, create
 from tfscale.strategies.launched import launched_strategy
@@ -245,9 +246,10 @@ def prepare(model: keras.Model, optimizer: keras.optimizers.Optimizer | str | No
         # Horovod's cycle time depends on sync_bn (tfscale.strategies.horovod), chosen at setup.
         strategy = _current(sync_bn=sync_bn,
                             **({} if precision is None else {"precision": precision}))
-    requested = precision if precision not in (None, "auto") else strategy.config.precision
+    run = configuration(strategy.config)
+    requested = precision if precision not in (None, "auto") else run.precision
     config = _config("tfscale.prepare", **{
-        **strategy.config.to_dict(), "precision": requested,
+        **run.to_dict(), "precision": requested,
         # Errors name the user's model, not tfscale.train's default one.
         **({"model": model.name} if own else {}),
         "grad_accum_steps": grad_accum_steps, "sync_bn": sync_bn, "sync_bn_group": sync_bn_group,

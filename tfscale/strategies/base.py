@@ -38,6 +38,7 @@ import numpy as np
 
 from tfscale.cluster.shard import Shard
 from tfscale.config.options import Option
+from tfscale.config.settings import StrategySettings
 
 if TYPE_CHECKING:
     import keras
@@ -95,8 +96,14 @@ class Strategy(abc.ABC):
     # What carries the gradients inside and across nodes, once set up (exchange() says it).
     exchange_plan: ExchangePlan | None = None
 
-    def __init__(self, config: TrainConfig) -> None:
-        self.config = config
+    def __init__(self, config: TrainConfig | StrategySettings) -> None:
+        self.config = self.settings(config)
+
+    @classmethod
+    def settings(cls, config: TrainConfig | StrategySettings) -> StrategySettings:
+        """What of ``config`` the strategy is handed: :class:`StrategySettings` with this
+        class's own options (its instance's ``config``, its classmethods' argument)."""
+        return StrategySettings.of(config, declared=cls.options)
 
     @classmethod
     def multi_process(cls) -> bool:
@@ -119,18 +126,18 @@ class Strategy(abc.ABC):
         return (*cls.owned_flags, *(o.name for o in cls.options))
 
     @classmethod
-    def validate_config(cls, config: TrainConfig) -> None:
+    def validate_config(cls, config: StrategySettings) -> None:
         """Raises ValueError, naming the flag and what is expected, for a config this strategy
         cannot run (called when the config is built, before TensorFlow loads)."""
 
     @classmethod
-    def environment(cls, config: TrainConfig) -> dict[str, str]:
+    def environment(cls, config: StrategySettings) -> dict[str, str]:
         """Environment variables every rank needs for ``config``: job scripts export them
         (a value already set on the cluster wins) and ``setup`` applies them."""
         return {}
 
     @classmethod
-    def ranks_per_node(cls, config: TrainConfig) -> int:
+    def ranks_per_node(cls, config: StrategySettings) -> int:
         """Processes per simulated node when ``--num_processes`` starts the workers on this
         machine (all of them on one node unless the strategy regroups them)."""
         return config.num_processes

@@ -37,7 +37,7 @@ from tfscale.strategies.horovod import FP16_ALLREDUCE, HorovodStrategy
 if TYPE_CHECKING:
     import keras
 
-    from tfscale.config.train_config import TrainConfig
+    from tfscale.config.settings import StrategySettings
 
 DDL_LOCAL_SIZE = Option("ddl_local_size", 0,
                         "ddl: processes per node, overriding the launcher's host list.",
@@ -53,7 +53,7 @@ class DDLStrategy(HorovodStrategy):
     options = (*HorovodStrategy.options, DDL_LOCAL_SIZE)
 
     @classmethod
-    def ranks_per_node(cls, config: TrainConfig) -> int:
+    def ranks_per_node(cls, config: StrategySettings) -> int:
         # --ddl_local_size regroups the local workers into simulated nodes of that many.
         return DDL_LOCAL_SIZE.of(config) or config.num_processes
 

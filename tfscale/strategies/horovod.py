@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from tfscale.config.train_config import TrainConfig
+    from tfscale.config.settings import StrategySettings
 
 # Where --horovod_timeline and --horovod_autotune write, in the model_dir.
 TIMELINE_FILE = "horovod_timeline.json"
@@ -141,7 +141,7 @@ class HorovodStrategy(Strategy):
         HOROVOD_AUTOTUNE)
 
     @classmethod
-    def environment(cls, config: TrainConfig) -> dict[str, str]:
+    def environment(cls, config: StrategySettings) -> dict[str, str]:
         """Horovod's variables for the config's communication flags (the only place they are
         built: job scripts export them, ``setup`` applies them)."""
         env: dict[str, str] = {}

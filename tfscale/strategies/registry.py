@@ -105,7 +105,8 @@ def check_config(config: TrainConfig) -> None:
         flag, readers = next(iter(foreign.items()))
         raise ValueError(f"--{flag} only applies to "
                          + " or ".join(f"--strategy={name}" for name in readers))
-    STRATEGIES.get(config.strategy).validate_config(config)
+    strategy = STRATEGIES.get(config.strategy)
+    strategy.validate_config(strategy.settings(config))
 
 
 def create(config: TrainConfig) -> Strategy:

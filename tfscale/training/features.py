@@ -41,7 +41,7 @@ def apply(model: keras.Model, optimizer: Any, config: TrainConfig, strategy: Str
 
     _check_model(model, config, strategy)
     # Strategies read their features (gradient_lag) from their config.
-    strategy.config = config
+    strategy.config = strategy.settings(config)
     with strategy.scope():
         if optimizer is None:
             if not model.compiled:
