@@ -42,8 +42,15 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
     chunk = exchange.reduce_scatter(*inputs(index)[0])
     outs.append([o.copy() for o in exchange.all_gather(chunk * 2, divisor=4)])
     rows = exchange.gather(host_values(index))
+    # A mean of tensors longer than the blocks the sum works in.
+    outs.append([o.copy() for o in exchange.all_reduce(*long_inputs(index), divisor=size)])
     left = sorted(p.name for p in Path(directory).iterdir())
     queue.put((index, outs, left, rows))
+
+
+def long_inputs(index: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(100 + index)
+    return [rng.normal(size=s).astype(np.float32) for s in [(70001,), (3, 40000)]]
 
 
 def host_values(index: int) -> np.ndarray:
@@ -89,7 +96,14 @@ def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
     for t in range(len(CALLS[0][1])):
         expected = sum(mine[i][0][t] for i in range(size)) * 2 / 4
         for i in range(size):
-            np.testing.assert_allclose(results[i][0][-1][t], expected, rtol=1e-6)
+            np.testing.assert_allclose(results[i][0][-2][t], expected, rtol=1e-6)
+    # The mean: each part scaled by 1 / size, then summed in local order, bit for bit.
+    for t in range(2):
+        expected = long_inputs(0)[t] * (1.0 / size)
+        for i in range(1, size):
+            expected += long_inputs(i)[t] * (1.0 / size)
+        for i in range(size):
+            np.testing.assert_array_equal(results[i][0][-1][t], expected)
     # Each segment's file is removed once all processes have mapped it.
     assert all(left == [] for _, left, _ in results.values()), results
     # Host values: every process gets every row, in local order, exactly as sent.
