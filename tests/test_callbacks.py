@@ -85,3 +85,38 @@ def test_user_script_with_horovod_keeps_workers_identical(tmp_path: Path) -> Non
     assert keras.models.load_model(tmp_path / "model.keras").count_params() == sum(
         int(np.prod(w.shape)) for w in w0)
     assert len(list((tmp_path / "tensorboard").rglob("events.out.tfevents*"))) >= 1
+
+
+class _CountingSummary:
+    """tf.summary, counting the scalars asked of it."""
+
+    def __init__(self) -> None:
+        import tensorflow as tf
+
+        self.real, self.names = tf.summary, []
+
+    def scalar(self, name: str, *args: object, **kwargs: object) -> object:
+        self.names.append(name)
+        return self.real.scalar(name, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("update_freq", ["epoch", 2])
+def test_epoch_tensorboard_skips_batch_scalars_only_when_writing_per_epoch(
+        update_freq: str | int, tmp_path: Path) -> None:
+    from tfscale.callbacks import EpochTensorBoard
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    board = EpochTensorBoard(str(tmp_path), update_freq=update_freq, write_graph=False)
+    counting = _CountingSummary()
+    board._summary_module = counting
+    model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, epochs=2, verbose=0,
+              callbacks=[board])
+    batch = [n for n in counting.names if n.startswith("batch_")]
+    # Keras' own callback asks 2 epochs x 4 batches x the loss, recorded or not.
+    assert len(batch) == (0 if update_freq == "epoch" else 8), counting.names
+    assert "epoch_loss" in counting.names
+    assert list((tmp_path / "train").glob("events.out.tfevents.*"))

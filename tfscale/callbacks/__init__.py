@@ -14,12 +14,14 @@ from tfscale.callbacks.progress import ProgressLogger
 from tfscale.callbacks.step import optimizer_step
 from tfscale.callbacks.step_summaries import StepSummaries
 from tfscale.callbacks.target import TargetStop
+from tfscale.callbacks.tensorboard import EpochTensorBoard
 from tfscale.callbacks.throughput import ThroughputMeter
 from tfscale.callbacks.warmup import LearningRateWarmup
 from tfscale.callbacks.watchdog import StepWatchdog
 
 __all__ = ["BatchNormStatistics", "BroadcastInitialState", "Checkpoint", "ChiefOnly",
-           "DDLGlobalVariablesBroadcast", "DDLMetricSync", "EpochEvents", "Evaluation",
+           "DDLGlobalVariablesBroadcast", "DDLMetricSync", "EpochEvents", "EpochTensorBoard",
+           "Evaluation",
            "LearningRateWarmup", "MetricAverage", "ProfileSteps", "ProgressLogger",
            "StepSummaries", "StepWatchdog", "TargetStop", "ThroughputMeter", "TrainingGuard",
            "check_ddl_order", "optimizer_step"]
