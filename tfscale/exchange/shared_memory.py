@@ -208,20 +208,18 @@ class _Segment:
         reads it from the cache: each value crosses memory once, not once per pass. The first
         two parts may be added either way round (addition is commutative, bit for bit), so
         process 0 or 1 starts from its own part and no process allocates a scaled copy."""
-        scratch = self._scratch
+        slots, index, size, scratch = self.slots, self.index, self.size, self._scratch
         for lo in range(0, mine.size, _BLOCK):
             hi = min(lo + _BLOCK, mine.size)
-            out, own = total[lo:hi], mine[lo:hi]
-            parts = [self.slots[k, start + lo:start + hi] for k in range(self.size)]
-            if self.index <= 1:
-                first = 1 - self.index if self.size > 1 else None
+            out, own, parts = total[lo:hi], mine[lo:hi], slots[:, start + lo:start + hi]
+            if index <= 1:
                 scaled(own, scale, out)
-                if first is not None:
-                    out += parts[first]
+                if size > 1:
+                    out += parts[1 - index]
             else:
                 np.add(parts[0], parts[1], out=out)
-            for k in range(2, self.size):
-                if k != self.index:
+            for k in range(2, size):
+                if k != index:
                     out += parts[k]
                 elif scale == 1.0:
                     out += own
