@@ -102,19 +102,29 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     return dataclasses.replace(base, inter=inter, intra=intra, models={model: figures})
 
 
+def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
+    """The forecast's plan of one run, its exchange pinned to what the run used: algorithm,
+    fp16, Horovod's 128 MiB fusion buffer and tfscale's 5 ms cycle across nodes (multiworker
+    has no cycle: the shortest the model knows, 1 ms), and the transport of a flat ring's
+    in-node hops (Open MPI's shared memory under horovod and ddl, gRPC's loopback TCP under
+    multiworker)."""
+    from tfscale.forecast.predict import Plan
+
+    multiworker = layout.strategy == "multiworker"
+    return Plan(machine, model, "fp32", batch_size, layout.local,
+                (("algorithm", layout.algorithm), ("fp16", layout.fp16), ("fusion_mb", 128.0),
+                 ("cycle_ms", 1.0 if multiworker else 5.0)),
+                "tcp" if multiworker else "shared_memory")
+
+
 def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
                   links: dict[float, dict[str, Any]], batch_size: int) -> float:
-    """tfscale.forecast's images/s for one run, its exchange pinned to what the run used:
-    algorithm, fp16, Horovod's 128 MiB fusion buffer and tfscale's 5 ms cycle across nodes
-    (multiworker has no cycle: the shortest the model knows, 1 ms)."""
-    from tfscale.forecast.predict import Plan, forecast
+    """tfscale.forecast's images/s for one run (:func:`plan_for`)."""
+    from tfscale.forecast.predict import forecast
 
     machine = machine_for(gbit, model, layout, node_rate, links, batch_size)
-    cycle = 1.0 if layout.strategy == "multiworker" else 5.0
-    plan = Plan(machine, model, "fp32", batch_size, layout.local,
-                (("algorithm", layout.algorithm), ("fp16", layout.fp16), ("fusion_mb", 128.0),
-                 ("cycle_ms", cycle)))
-    return forecast(plan, [layout.nodes])[0].images_per_sec
+    return forecast(plan_for(machine, model, layout, batch_size),
+                    [layout.nodes])[0].images_per_sec
 
 
 def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -3,13 +3,15 @@
 ``bench.shaped_links`` keeps its raw results out of the repository (bench/results/); this check
 reads the runs as bench/RESULTS.md recorded them (docs/forecast/shaped_links_2026-11-26.json:
 each run's measured images/s per round and the forecast it had then) and forecasts them again
-with what the forecast now knows (docs/FORECAST.md, "The model"), through the same code as
+with what the forecast now knows (docs/FORECAST.md, "The model"), through the same plan as
 ``bench.shaped_links_report.forecast_rate``:
 
 - **host time**: where a node's ranks outnumber its cores, a message takes the longer of its
   alpha-beta time and the host time of every byte the node's ranks put through the transport
   at the preset's ``exchange.host_ns_per_byte``, measured by ``--calibrate`` on this node (a
-  busy core), never on a two-node run;
+  busy core), never on a two-node run; only the bytes that go through the network stack
+  (``bench.shaped_links_report.plan_for``'s transport: a flat ring's in-node hops are Open
+  MPI's shared memory under horovod and ddl, loopback TCP under multiworker);
 - **stragglers**: the step waits for the slowest of the ``2L`` ranks instead of ``L``, with
   the preset's ``stragglers.step_cv`` (``--calibrate``'s spread of step times).
 
@@ -30,9 +32,10 @@ from typing import Any
 
 from bench.common import ROOT, table
 from bench.shaped_links import ACROSS
+from bench.shaped_links_report import plan_for
 from tfscale.forecast.machines import Machine, ModelFigures, load
 from tfscale.forecast.model import Link
-from tfscale.forecast.predict import Plan, forecast
+from tfscale.forecast.predict import forecast
 
 DATA = ROOT / "docs" / "forecast" / "shaped_links_2026-11-26.json"
 # Per round: the ping-pong latency (us) of each link and the in-node shared-memory bus
@@ -55,11 +58,7 @@ def _machine(gbit: int, model: str, local: int, node_rate: float, round_: int, b
 
 
 def _rate(machine: Machine, model: str, layout: Any, batch: int) -> float:
-    cycle = 1.0 if layout.strategy == "multiworker" else 5.0  # as forecast_rate pins it
-    plan = Plan(machine, model, "fp32", batch, layout.local,
-                (("algorithm", layout.algorithm), ("fp16", layout.fp16), ("fusion_mb", 128.0),
-                 ("cycle_ms", cycle)))
-    return forecast(plan, [layout.nodes])[0].images_per_sec
+    return forecast(plan_for(machine, model, layout, batch), [layout.nodes])[0].images_per_sec
 
 
 def _bandwidth(target: float, args: tuple[int, str, int, float, int, int], layout: Any

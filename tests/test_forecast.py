@@ -120,18 +120,27 @@ def test_fp16_halves_the_bytes_and_is_recommended_only_when_it_pays() -> None:
 
 
 def test_host_time_where_ranks_share_a_core_by_hand() -> None:
-    # What a node's ranks put through the transport: a flat ring over 2x2 ranks sends 2*3/4 of
-    # the message from each of the node's 2 ranks; hierarchical, one 2*(2-1)/2 of it in all.
-    assert host_bytes(1e6, "flat", 2, 2) == pytest.approx(2 * 1.5e6)
+    # What a node's ranks put through the network stack: a flat ring over 2x2 ranks sends
+    # 2*3/4 of the message from each rank. Over loopback TCP (gRPC, Gloo) both of the node's
+    # ranks send through the stack; over shared memory (Open MPI, NCCL) only the one whose next
+    # rank is on the other node. Hierarchical, one 2*(2-1)/2 of it in all.
+    assert host_bytes(1e6, "flat", 2, 2, "tcp") == pytest.approx(2 * 1.5e6)
+    assert host_bytes(1e6, "flat", 2, 2) == pytest.approx(1.5e6)
+    assert host_bytes(1e6, "flat", 4, 2, "tcp") == pytest.approx(4 * host_bytes(1e6, "flat", 4, 2))
+    assert host_bytes(1e6, "hierarchical", 2, 2, "tcp") == pytest.approx(1e6)
     assert host_bytes(1e6, "hierarchical", 2, 2) == pytest.approx(1e6)
     assert host_bytes(1e6, "flat", 2, 1) == 0.0
+    with pytest.raises(ValueError, match="transport='udp'; expected one of shared_memory, tcp"):
+        host_bytes(1e6, "flat", 2, 2, "udp")
     intra, inter = Link(10.0, 0.0), Link(1.0, 5.0)
     wire = flat_allreduce_s(1e6, 2, 2, intra, inter)  # 6 x 5 us + 1.5e6 bytes at 1 GB/s
     flat = Exchange("flat")
-    # A slow host: 2 ns a byte of 3e6 bytes, plus the 6 latencies, is longer than the wire.
-    assert flat.allreduce(2, 2, intra, inter, 2e-9)(1e6) == pytest.approx(30e-6 + 6e-3)
+    # A slow host: 2 ns a byte of 3e6 bytes (tcp) or 1.5e6 (shared memory), plus the 6
+    # latencies, is longer than the wire.
+    assert flat.allreduce(2, 2, intra, inter, 2e-9, "tcp")(1e6) == pytest.approx(30e-6 + 6e-3)
+    assert flat.allreduce(2, 2, intra, inter, 2e-9)(1e6) == pytest.approx(30e-6 + 3e-3)
     # A fast host hides behind the wire; no host figure, no host time.
-    assert flat.allreduce(2, 2, intra, inter, 1e-10)(1e6) == pytest.approx(wire)
+    assert flat.allreduce(2, 2, intra, inter, 1e-10, "tcp")(1e6) == pytest.approx(wire)
     assert flat.allreduce(2, 2, intra, inter)(1e6) == pytest.approx(wire)
 
 
@@ -313,6 +322,10 @@ def test_each_row_says_which_term_dominates() -> None:
     # At 25 Gbit/s the core, not the link: the same flat ring's bytes cost host time.
     fast = dataclasses.replace(slow, machine=machines.load("minicluster_25gbit"))
     assert forecast(fast, [2])[0].dominant == "host time"
+    # Over loopback TCP (multiworker's gRPC ring) the in-node hops cost host time too.
+    tcp = forecast(dataclasses.replace(fast, transport="tcp"), [2])[0]
+    assert tcp.terms_ms["host time"] > forecast(fast, [2])[0].terms_ms["host time"]
+    assert tcp.images_per_sec < forecast(fast, [2])[0].images_per_sec
 
 
 # --- time to a target: statistical efficiency ---------------------------------------------------

@@ -13,6 +13,7 @@ itself is arithmetic over the machine file (see docs/FORECAST.md).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from tfscale.cli import command, output
 from tfscale.cli.command import parse_flags
 from tfscale.config.train_config import PRECISIONS
 from tfscale.forecast import accuracy, efficiency, machines
-from tfscale.forecast.model import ALGORITHMS
+from tfscale.forecast.model import ALGORITHMS, TRANSPORTS
 from tfscale.forecast.predict import Plan, Row, fastest, forecast
 from tfscale.training.files import write_json_atomic
 
@@ -44,6 +45,11 @@ _FP16 = flags.DEFINE_enum("fp16_allreduce", "auto", ("auto", "on", "off"),
                           "Pin fp16 compression of the gradients (auto: recommend).")
 _FUSION = flags.DEFINE_float("fusion_mb", 0, "Pin the fusion buffer in MB (0: recommend).")
 _CYCLE = flags.DEFINE_float("cycle_time_ms", 0, "Pin the cycle time in ms (0: recommend).")
+_TRANSPORT = flags.DEFINE_enum(
+    "transport", "shared_memory", TRANSPORTS, "How a flat ring's hops between two ranks of "
+    "one node travel, for the host time of the exchange where ranks share cores: "
+    "shared_memory (Open MPI, NCCL: horovod and ddl) or tcp (Gloo, TensorFlow's gRPC ring: "
+    "multiworker), whose in-node hops cost host time like those across nodes.")
 _JSON = flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 _PLOT = flags.DEFINE_string("plot", "", "Draw images/s and efficiency into this PNG file "
                             "(empty or none: no plot).")
@@ -104,7 +110,8 @@ def _precision(machine: machines.Machine, model: str) -> str:
 
 
 def _rows_for(machine: machines.Machine, precision: str, nodes: list[int]) -> list[Row]:
-    plan = Plan(machine, _MODEL.value, precision, _BATCH.value, _RANKS.value, _pinned())
+    plan = Plan(machine, _MODEL.value, precision, _BATCH.value, _RANKS.value, _pinned(),
+                _TRANSPORT.value)
     if not _GLOBAL.value:
         return forecast(plan, nodes)
     rows = []
@@ -113,8 +120,7 @@ def _rows_for(machine: machines.Machine, precision: str, nodes: list[int]) -> li
         if per_rank < 1:
             raise ValueError(f"--global_batch={_GLOBAL.value} is smaller than the "
                              f"{n * plan.local} ranks of {n} nodes")
-        rows += forecast(Plan(machine, _MODEL.value, precision, per_rank, _RANKS.value,
-                              _pinned()), [n])
+        rows += forecast(dataclasses.replace(plan, batch_size=per_rank), [n])
     return rows
 
 

@@ -76,16 +76,30 @@ def hierarchical_allreduce_s(nbytes: float, local: int, nodes: int, intra: Link,
             + ring_allreduce_s(nbytes / local, nodes, across))
 
 
-def host_bytes(nbytes: float, algorithm: str, local: int, nodes: int) -> float:
-    """Bytes one node's ranks put through the cross-node transport for one all-reduce of
-    ``nbytes``: on a flat ring over ``p = local x nodes`` ranks every rank sends
-    ``2(p-1)/p`` of it; hierarchical, each rank's ring across the nodes carries ``2(N-1)/N``
-    of its ``1/local`` shard (the in-node phases go through the in-node link). 0 on one node."""
+# How the hops of a flat ring between two ranks of one node travel: "shared_memory" (Open MPI's
+# shared-memory transport, NCCL over NVLink or PCIe: no network stack) or "tcp" (Gloo and
+# TensorFlow's gRPC ring: loopback TCP, host time on the node like a hop across nodes).
+TRANSPORTS = ("shared_memory", "tcp")
+
+
+def host_bytes(nbytes: float, algorithm: str, local: int, nodes: int,
+               transport: str = "shared_memory") -> float:
+    """Bytes one node's ranks put through the network stack for one all-reduce of ``nbytes``.
+
+    On a flat ring over ``p = local x nodes`` ranks every rank sends ``2(p-1)/p`` of it. The
+    ring, ranks in node order, leaves each node once: over ``"tcp"`` all ``local`` of the node's
+    ranks send through the stack (its in-node hops are loopback TCP), over ``"shared_memory"``
+    only the one whose next rank is on the next node. Hierarchical, each rank's ring across the
+    nodes carries ``2(N-1)/N`` of its ``1/local`` shard (the in-node phases go through the
+    in-node link). 0 on one node."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport={transport!r}; expected one of {', '.join(TRANSPORTS)}")
     if nodes <= 1:
         return 0.0
     if algorithm == "flat":
         ranks = local * nodes
-        return local * 2 * (ranks - 1) / ranks * nbytes
+        senders = local if transport == "tcp" else 1
+        return senders * 2 * (ranks - 1) / ranks * nbytes
     return 2 * (nodes - 1) / nodes * nbytes
 
 
@@ -123,14 +137,15 @@ class Exchange:
                 f"cycle {self.cycle_ms:g} ms")
 
     def allreduce(self, local: int, nodes: int, intra: Link, inter: Link,
-                  host_s_per_byte: float = 0.0) -> Callable[[float], float]:
+                  host_s_per_byte: float = 0.0, transport: str = "shared_memory",
+                  ) -> Callable[[float], float]:
         """Seconds to all-reduce one fused message of ``nbytes`` (before compression).
 
         ``host_s_per_byte`` > 0 where a node's ranks share a core that also computes: the
         links were measured with one rank per node and its core otherwise idle, so there the
         message takes the longer of its alpha-beta time and the host time of every byte the
-        node's ranks put through the transport (:func:`host_bytes`) at the busy core's rate,
-        plus the message steps' latency."""
+        node's ranks put through the network stack (:func:`host_bytes`, over ``transport``) at
+        the busy core's rate, plus the message steps' latency."""
         algorithm = flat_allreduce_s if self.algorithm == "flat" else hierarchical_allreduce_s
         scale = 0.5 if self.fp16 else 1.0
         no_bandwidth = (Link(math.inf, intra.latency_us), Link(math.inf, inter.latency_us))
@@ -141,7 +156,7 @@ class Exchange:
             if not host_s_per_byte:
                 return wire
             host = (algorithm(sent, local, nodes, *no_bandwidth)
-                    + host_s_per_byte * host_bytes(sent, self.algorithm, local, nodes))
+                    + host_s_per_byte * host_bytes(sent, self.algorithm, local, nodes, transport))
             return max(wire, host)
 
         return seconds

@@ -33,6 +33,7 @@ class Plan:
     batch_size: int
     ranks_per_node: int = 0  # 0: the machine's
     pinned: tuple[tuple[str, Any], ...] = ()  # exchange choices fixed by the user
+    transport: str = "shared_memory"  # a flat ring's in-node hops (tfscale.forecast.model)
 
     @property
     def local(self) -> int:
@@ -106,7 +107,8 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
     m = plan.machine
     shared = bool(m.cores_per_node) and local > m.cores_per_node  # ranks share cores
     host_s = m.host_s_per_byte if host and shared else 0.0
-    return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s)
+    return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
+                            plan.transport)
 
 
 def _step(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchange) -> _Step:
