@@ -5,59 +5,71 @@ exists to the moment the last of them is reduced, over the step's time. That is 
 waits for: an exchange that overlaps the backward pass (Horovod all-reduces each gradient as
 it comes) counts only the part that runs past the end of it. Two ``tf.timestamp`` ops in the
 step's graph take the times, one after every gradient and one after every reduced gradient,
-and a host callback adds their difference to :data:`CLOCK`, which the progress logger reads
-each window (``exchange 23%`` on its line, ``step/exchange_share`` and ``step/exchange_ms`` in
-TensorBoard).
+and the step adds their difference to two variables of :data:`CLOCK` (a host callback would
+cost a step about 80 microseconds more: a call into Python from TensorFlow's executor), which
+the progress logger reads each window (``exchange 23%`` on its line, ``step/exchange_share``
+and ``step/exchange_ms`` in TensorBoard).
 
 Off unless :func:`enable` is called (``tfscale.train`` does so with several workers): a
 script's own optimizer pays nothing for it. Not inside a step that XLA compiles whole
-(timestamps and host callbacks do not compile), nor with op determinism on (``--deterministic``:
+(timestamps do not compile), nor with op determinism on (``--deterministic``:
 TensorFlow refuses timestamps there); the logger then shows nothing.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 
 class ExchangeClock:
-    """Exchange seconds and steps added by the training steps since the last :meth:`take`."""
+    """Exchange seconds and steps added by the training steps since the last :meth:`take`:
+    two variables that the steps' graphs add to, made by :func:`enable` outside any
+    distribution strategy's scope (plain variables of this process, not mirrored)."""
 
     def __init__(self) -> None:
         self.enabled = False
-        self._lock = threading.Lock()
-        self._seconds = 0.0
-        self._steps = 0
+        self._seconds: Any = None
+        self._steps: Any = None
 
-    def add(self, seconds: float) -> None:
-        with self._lock:
-            self._seconds += float(seconds)
-            self._steps += 1
+    def _make(self) -> None:
+        if self._seconds is not None:
+            return  # steps traced earlier keep adding to these
+        import tensorflow as tf
+
+        with tf.init_scope():
+            self._seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                        name="exchange_seconds")
+            self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchange_steps")
+
+    def add(self, seconds: Any) -> Any:
+        """In a step's graph: adds one exchange of ``seconds`` (a float64 tensor)."""
+        import tensorflow as tf
+
+        with tf.control_dependencies([self._seconds.assign_add(seconds)]):
+            return self._steps.assign_add(1)
 
     def take(self) -> tuple[float, int]:
-        """(seconds, steps) since the last call; starts counting again."""
-        with self._lock:
-            taken = (self._seconds, self._steps)
-            self._seconds, self._steps = 0.0, 0
-            return taken
+        """(seconds, steps) since the last call; starts counting again. Called between steps
+        (Keras' callbacks), so no step adds in between."""
+        if self._seconds is None:
+            return 0.0, 0
+        taken = (float(self._seconds.numpy()), int(self._steps.numpy()))
+        self._seconds.assign(0.0)
+        self._steps.assign(0)
+        return taken
 
 
 CLOCK = ExchangeClock()
 
 
 def enable(on: bool = True) -> None:
-    """Times the exchange of the optimizers wrapped from now on (:func:`timed`)."""
+    """Times the exchange of the optimizers wrapped from now on (:func:`timed`); called
+    outside any distribution strategy's scope."""
+    if on:
+        CLOCK._make()
     CLOCK.enabled = on
     CLOCK.take()
-
-
-def _record(seconds: np.ndarray) -> np.ndarray:
-    CLOCK.add(float(seconds))
-    return np.zeros((), np.float64)
 
 
 def _deterministic() -> bool:
@@ -90,8 +102,7 @@ def stop(started: Any, tensors: list[Any]) -> None:
 
     with tf.control_dependencies(_dense(tensors)):
         elapsed = tf.timestamp() - started
-    # Stateful, so a traced step runs it although nothing consumes its output.
-    tf.numpy_function(_record, [elapsed], tf.float64, stateful=True, name="exchange_clock")
+    CLOCK.add(elapsed)
 
 
 def _dense(tensors: list[Any]) -> list[Any]:
