@@ -142,6 +142,12 @@ def test_host_time_where_ranks_share_a_core_by_hand() -> None:
     # A fast host hides behind the wire; no host figure, no host time.
     assert flat.allreduce(2, 2, intra, inter, 1e-10, "tcp")(1e6) == pytest.approx(wire)
     assert flat.allreduce(2, 2, intra, inter)(1e6) == pytest.approx(wire)
+    # Hierarchical: the in-node reduce-scatter and all-gather (2 x 0.5e6 bytes at 10 GB/s)
+    # come before and after the ring across nodes, whose host time (1e6 bytes at 2 ns, 2 x
+    # 5 us) they add to.
+    in_node = 2 * 0.5e6 / 10e9
+    assert Exchange("hierarchical").allreduce(2, 2, intra, inter, 2e-9)(1e6) == pytest.approx(
+        in_node + 10e-6 + 2e-3)
 
 
 def test_stragglers_grow_with_the_expected_slowest_rank() -> None:

@@ -145,17 +145,23 @@ class Exchange:
         links were measured with one rank per node and its core otherwise idle, so there the
         message takes the longer of its alpha-beta time and the host time of every byte the
         node's ranks put through the network stack (:func:`host_bytes`, over ``transport``) at
-        the busy core's rate, plus the message steps' latency."""
-        algorithm = flat_allreduce_s if self.algorithm == "flat" else hierarchical_allreduce_s
+        the busy core's rate, plus the message steps' latency (and, hierarchical, plus the
+        in-node phases)."""
+        flat = self.algorithm == "flat"
+        algorithm = flat_allreduce_s if flat else hierarchical_allreduce_s
         scale = 0.5 if self.fp16 else 1.0
-        no_bandwidth = (Link(math.inf, intra.latency_us), Link(math.inf, inter.latency_us))
+        # The host-bound part: a flat ring's hops all run at once, so the host time stands in
+        # for the whole ring; the hierarchical exchange's in-node phases run before and after
+        # its ring across nodes, so they add to that ring's host time, not hide behind it.
+        host_links = (Link(math.inf, intra.latency_us) if flat else intra,
+                      Link(math.inf, inter.latency_us))
 
         def seconds(nbytes: float) -> float:
             sent = nbytes * scale
             wire = algorithm(sent, local, nodes, intra, inter)
             if not host_s_per_byte:
                 return wire
-            host = (algorithm(sent, local, nodes, *no_bandwidth)
+            host = (algorithm(sent, local, nodes, *host_links)
                     + host_s_per_byte * host_bytes(sent, self.algorithm, local, nodes, transport))
             return max(wire, host)
 
