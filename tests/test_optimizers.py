@@ -21,6 +21,7 @@ from tfscale.config.train_config import TrainConfig
 from tfscale.training.optimizers import (
     LARC,
     LARS,
+    SGD,
     WarmupDecay,
     build_optimizer,
     exclude_bias_bn_from_decay,
@@ -168,8 +169,8 @@ def config(**changes: Any) -> TrainConfig:
 
 
 @pytest.mark.parametrize(("name", "cls", "attrs"), [
-    ("sgd", keras.optimizers.SGD, {"nesterov": False, "momentum": 0.8}),
-    ("nesterov", keras.optimizers.SGD, {"nesterov": True, "momentum": 0.8}),
+    ("sgd", SGD, {"nesterov": False, "momentum": 0.8}),
+    ("nesterov", SGD, {"nesterov": True, "momentum": 0.8}),
     ("adamw", keras.optimizers.AdamW, {"beta_1": 0.8}),
     ("lamb", keras.optimizers.Lamb, {"beta_1": 0.8}),
     ("lars", LARS, {"momentum": 0.8, "eta": 0.003, "weight_decay": 5e-5,
@@ -252,7 +253,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras
-from tfscale.training.optimizers import LARC, LARS
+from tfscale.training.optimizers import LARC, LARS, SGD
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(32, 5)).astype("float32")
@@ -263,18 +264,24 @@ def train(strategy, optimizer_cls, **kwargs):
     with strategy.scope():
         model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), keras.layers.Dense(1)])
         model.set_weights(init)
-        model.compile(optimizer_cls(0.1, eta=0.02, weight_decay=1e-3, **kwargs), "mse")
+        model.compile(optimizer_cls(**{"learning_rate": 0.1, **kwargs}), "mse")
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     return model.get_weights()
 
 out = {}
-for name, cls, kwargs in [("lars", LARS, {}), ("larc", LARC, {"mode": "clip"})]:
+for name, cls, kwargs in [("lars", LARS, {"eta": 0.02, "weight_decay": 1e-3}),
+                          ("larc", LARC, {"eta": 0.02, "weight_decay": 1e-3, "mode": "clip"}),
+                          ("sgd", SGD, {"learning_rate": 0.01, "momentum": 0.9})]:
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     mirrored = train(strategy, cls, **kwargs)
     single = train(tf.distribute.get_strategy(), cls, **kwargs)
     out[name] = {"replicas": strategy.num_replicas_in_sync,
                  "diff": max(float(np.abs(a - b).max()) for a, b in zip(mirrored, single)),
                  "moved": min(float(np.abs(a - b).max()) for a, b in zip(mirrored, init))}
+# tfscale's fused SGD under the strategy: the same weights as Keras' SGD, bit for bit.
+keras_sgd = train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), keras.optimizers.SGD,
+                  learning_rate=0.01, momentum=0.9)
+out["sgd"]["keras_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(mirrored, keras_sgd))
 print("RESULT", json.dumps(out))
 """
 
@@ -287,6 +294,7 @@ def test_mirrored_two_replicas_match_one_device() -> None:
         assert result["replicas"] == 2, (name, result)
         assert result["diff"] < 1e-5, (name, result)
         assert result["moved"] > 1e-3, (name, result)
+        assert result.get("keras_diff", 0.0) == 0.0, (name, result)
 
 
 @pytest.mark.parametrize("mirrored", [False, True])
@@ -320,3 +328,80 @@ def test_bias_and_batch_norm_variables_excluded_from_decay(kind: str) -> None:
     assert decayed == {False: [True, True, True], True: [True, False, False]}
     lars = build_optimizer(cfg.replace(optimizer="lars"), 1, 10)
     assert exclude_bias_bn_from_decay(lars, [kernel, bias]) == 0  # lars_exclude_bias_bn's
+
+
+# --- the fused SGD ----------------------------------------------------------------------------
+
+def _sgd_steps(cls: type, compiled: str, **kwargs: Any) -> list[np.ndarray]:
+    """Weights and momentums after 4 steps of fixed gradients from fixed weights."""
+    rng = np.random.default_rng(3)
+    shapes = [(6, 5), (5,), (5, 3)]
+    variables = [keras.Variable(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    grads = [[tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+             for _ in range(4)]
+    optimizer = cls(WarmupDecay(0.1, 2, 10, "cosine"), **kwargs)
+
+    def step(g: list[tf.Tensor]) -> None:
+        optimizer.apply(g, variables)
+
+    run = step if compiled == "eager" else tf.function(step, jit_compile=compiled == "xla")
+    for g in grads:
+        run(g)
+    return [v.numpy() for v in variables] + [m.numpy() for m in optimizer.momentums]
+
+
+@pytest.mark.parametrize("compiled", ["eager", "graph", "xla"])
+@pytest.mark.parametrize("kwargs", [{"momentum": 0.9}, {"momentum": 0.9, "nesterov": True},
+                                    {"momentum": 0.8, "weight_decay": 1e-2}])
+def test_fused_sgd_gives_keras_sgd_weights_bit_for_bit(compiled: str,
+                                                       kwargs: dict[str, Any]) -> None:
+    ours, theirs = (_sgd_steps(cls, compiled, **kwargs) for cls in (SGD, keras.optimizers.SGD))
+    for a, b in zip(ours, theirs, strict=True):
+        if compiled == "xla":  # XLA fuses the two graphs' arithmetic each its own way
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(a, b)
+    assert max(float(np.abs(m).max()) for m in ours[3:]) > 0  # the momentums moved
+
+
+def _op_types(optimizer: keras.optimizers.Optimizer, grads: list[Any],
+              variables: list[keras.Variable]) -> set[str]:
+    optimizer.build(variables)
+    graph = tf.function(lambda: optimizer.apply(grads, variables)).get_concrete_function().graph
+    types = set()
+    for op in graph.get_operations():
+        types.add(op.type)
+        for function in getattr(op, "_called_functions", lambda: [])() or []:
+            types.update(o.type for o in function.graph.get_operations())
+    return types
+
+
+def test_fused_sgd_takes_the_one_pass_kernel_only_where_it_applies() -> None:
+    dense = [keras.Variable(np.ones((4, 3), np.float32))]
+    assert "ResourceApplyKerasMomentum" in _op_types(
+        SGD(0.1, momentum=0.9), [tf.ones((4, 3))], dense)
+    assert "ResourceApplyKerasMomentum" not in _op_types(
+        keras.optimizers.SGD(0.1, momentum=0.9), [tf.ones((4, 3))],
+        [keras.Variable(np.ones((4, 3), np.float32))])
+    # Keras' own update: without momentum, and for sparse rows (an embedding's gradient).
+    assert "ResourceApplyKerasMomentum" not in _op_types(
+        SGD(0.1), [tf.ones((4, 3))], [keras.Variable(np.ones((4, 3), np.float32))])
+    rows = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([0, 2]), tf.constant([4, 3]))
+    table = keras.Variable(np.ones((4, 3), np.float32))
+    ours = SGD(0.1, momentum=0.9)
+    assert "ResourceApplyKerasMomentum" not in _op_types(ours, [rows], [table])
+    ours.apply([rows], [table])
+    np.testing.assert_allclose(table.numpy()[[0, 2]], 0.9)  # 1 - 0.1 x 1 on the given rows
+    np.testing.assert_array_equal(table.numpy()[[1, 3]], 1.0)
+
+
+def test_fused_sgd_saves_and_reloads_as_keras_sgd(tmp_path: Path) -> None:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(SGD(0.05, momentum=0.7, nesterov=True), "mse")
+    model.fit(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert type(loaded.optimizer) is keras.optimizers.SGD
+    assert loaded.optimizer.get_config() == model.optimizer.get_config()
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -8,8 +8,9 @@ from tfscale.config.train_config import TrainConfig
 from tfscale.training.optimizers.accumulation import accumulate_gradients
 from tfscale.training.optimizers.lars import LARC, LARS, TrustRatioSGD
 from tfscale.training.optimizers.schedules import WarmupDecay
+from tfscale.training.optimizers.sgd import SGD
 
-__all__ = ["LARC", "LARS", "TrustRatioSGD", "WarmupDecay", "accumulate_gradients",
+__all__ = ["LARC", "LARS", "SGD", "TrustRatioSGD", "WarmupDecay", "accumulate_gradients",
            "build_optimizer", "build_schedule", "exclude_bias_bn_from_decay",
            "scaled_learning_rate"]
 
@@ -42,8 +43,9 @@ def build_optimizer(
     lr = build_schedule(config, world_size, total_steps)
     wd = config.weight_decay or None
     if config.optimizer in ("sgd", "nesterov"):
-        return keras.optimizers.SGD(lr, momentum=config.momentum,
-                                    nesterov=config.optimizer == "nesterov", weight_decay=wd)
+        # Keras' SGD, its momentum update fused into one pass (bit for bit the same weights).
+        return SGD(lr, momentum=config.momentum, nesterov=config.optimizer == "nesterov",
+                   weight_decay=wd)
     if config.optimizer == "adamw":
         return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay,
                                       beta_1=config.momentum)
