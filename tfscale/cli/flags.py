@@ -78,7 +78,9 @@ HELP: dict[str, str] = {
     "training.",
     "target_metric": "Stop when a reported metric reaches a value: NAME:VALUE[:min|max], e.g. "
     "val_accuracy:0.95 (direction: min for losses, max otherwise).",
-    "optimizer": "Optimizer.",
+    "optimizer": "Optimizer: sgd or nesterov (Keras' SGD with momentum, its update fused into "
+    "one pass over each variable: the same weights, about half the update's time), adamw, "
+    "lamb, lars or larc (docs/LARGE_BATCH.md).",
     "learning_rate": "Base learning rate (for the reference batch before --lr_scaling).",
     "momentum": "Momentum (SGD/Nesterov/LARS/LARC) or beta_1 (AdamW/LAMB).",
     "weight_decay": "Weight decay.",
