@@ -25,6 +25,7 @@ from tfscale.training.optimizers import (
     WarmupDecay,
     build_optimizer,
     exclude_bias_bn_from_decay,
+    fuse,
     scaled_learning_rate,
 )
 
@@ -393,6 +394,17 @@ def test_fused_sgd_takes_the_one_pass_kernel_only_where_it_applies() -> None:
     ours.apply([rows], [table])
     np.testing.assert_allclose(table.numpy()[[0, 2]], 0.9)  # 1 - 0.1 x 1 on the given rows
     np.testing.assert_array_equal(table.numpy()[[1, 3]], 1.0)
+
+
+def test_fuse_swaps_only_keras_own_sgd() -> None:
+    plain = keras.optimizers.SGD(0.1, momentum=0.9)
+    assert fuse(plain) is plain and type(plain) is SGD
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    assert type(fuse(scaled).inner_optimizer) is SGD
+    lars = LARS(0.1)
+    assert type(fuse(lars)) is LARS
+    adam = keras.optimizers.Adam()
+    assert type(fuse(adam)) is keras.optimizers.Adam
 
 
 def test_fused_sgd_saves_and_reloads_as_keras_sgd(tmp_path: Path) -> None:

@@ -106,6 +106,24 @@ def test_features_applied_before_or_after_compile_train_alike(default: object,
         np.testing.assert_array_equal(a, np.asarray(b))
 
 
+def test_keras_sgd_takes_the_fused_update_and_nothing_else_changes(default: object) -> None:
+    from tfscale.training.optimizers import SGD
+
+    given = keras.optimizers.SGD(0.1, momentum=0.9)
+    model, optimizer, _ = _prepare.prepare(_model(), given, strategy=default)
+    assert given is optimizer and isinstance(optimizer, SGD)
+    assert optimizer.get_config() == keras.optimizers.SGD(0.1, momentum=0.9,
+                                                          name=given.name).get_config()
+
+    class Mine(keras.optimizers.SGD):
+        pass
+
+    _, own, _ = _prepare.prepare(_model(), Mine(0.1, momentum=0.9), strategy=default)
+    assert type(own) is Mine  # a user's own subclass keeps its update
+    _, adam, _ = _prepare.prepare(_model(), "adam", strategy=default)
+    assert not isinstance(adam, SGD)
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"gradient_lag": 1}, r"^tfscale.prepare: --gradient_lag only applies to "
                           r"--strategy=ddl or --strategy=horovod$"),

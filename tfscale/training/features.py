@@ -39,6 +39,8 @@ def apply(model: keras.Model, optimizer: Any, config: TrainConfig, strategy: Str
     """
     import keras
 
+    from tfscale.training.optimizers.sgd import fuse
+
     _check_model(model, config, strategy)
     # Strategies read their features (gradient_lag) from their config.
     strategy.config = strategy.settings(config)
@@ -47,7 +49,8 @@ def apply(model: keras.Model, optimizer: Any, config: TrainConfig, strategy: Str
             if not model.compiled:
                 raise ValueError("tfscale.prepare: give an optimizer, or compile the model first")
             optimizer = model.optimizer
-        prepared: keras.optimizers.Optimizer = keras.optimizers.get(optimizer)
+        # Keras' SGD takes the fused update: the same weights, half the update's time.
+        prepared: keras.optimizers.Optimizer = fuse(keras.optimizers.get(optimizer))
         if (config.precision == "mixed_float16"
                 and not isinstance(prepared, keras.optimizers.LossScaleOptimizer)):
             prepared = keras.optimizers.LossScaleOptimizer(prepared)

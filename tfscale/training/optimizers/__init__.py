@@ -8,10 +8,10 @@ from tfscale.config.train_config import TrainConfig
 from tfscale.training.optimizers.accumulation import accumulate_gradients
 from tfscale.training.optimizers.lars import LARC, LARS, TrustRatioSGD
 from tfscale.training.optimizers.schedules import WarmupDecay
-from tfscale.training.optimizers.sgd import SGD
+from tfscale.training.optimizers.sgd import SGD, fuse
 
 __all__ = ["LARC", "LARS", "SGD", "TrustRatioSGD", "WarmupDecay", "accumulate_gradients",
-           "build_optimizer", "build_schedule", "exclude_bias_bn_from_decay",
+           "build_optimizer", "build_schedule", "exclude_bias_bn_from_decay", "fuse",
            "scaled_learning_rate"]
 
 

@@ -53,3 +53,13 @@ def _handle(variable: Any) -> Any:
 
 SGD.__module__ = keras.optimizers.SGD.__module__
 SGD.__qualname__ = keras.optimizers.SGD.__qualname__
+
+
+def fuse(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """``optimizer`` with :class:`SGD`'s fused update if it is Keras' own ``SGD`` (or wraps one
+    in a ``LossScaleOptimizer``): the same object, its class swapped (the same variables and
+    weights). Subclasses of Keras' SGD and other optimizers are returned unchanged."""
+    target = getattr(optimizer, "inner_optimizer", optimizer)
+    if type(target) is keras.optimizers.SGD:
+        target.__class__ = SGD
+    return optimizer
