@@ -5,8 +5,8 @@ One process, one core, one TensorFlow thread of each kind. Three compiled functi
 same small update of a variable (the work between the timestamps); ``clock`` adds the elapsed
 time to :data:`tfscale.exchange.timing.CLOCK` as a training step does, ``callback`` hands it to
 Python through ``tf.numpy_function`` (how the clock worked before), ``none`` times nothing.
-Each round times every variant over ``--calls`` calls, in rotating order; figures are medians
-over the rounds of the microseconds per call, and the cost is that less ``none``'s.
+Each round times every variant over ``--calls`` calls, in order and reversed in turn; figures
+are medians over the rounds of the microseconds per call, and the cost is that less ``none``'s.
 
     python -m bench.exchange_clock [--rounds 5 --calls 3000]
 """
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import cpu_description, save, table
+from bench.common import cpu_description, in_round_order, save, table
 
 VARIANTS = ("none", "clock", "callback")
 
@@ -72,7 +72,7 @@ def measure(rounds: int, calls: int) -> dict[str, Any]:
         fn()
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
-        for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+        for v in in_round_order(VARIANTS, r):
             fn = fns[v]
             start = time.perf_counter()
             for _ in range(calls):

@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import cpu_description, save, table
+from bench.common import cpu_description, in_round_order, save, table
 
 RUNS = ("keras", "tfscale")
 
@@ -65,7 +65,7 @@ def measure(rounds: int, calls: int) -> dict[str, Any]:
             steps[run]()
         medians: dict[str, list[float]] = {run: [] for run in RUNS}
         for r in range(rounds):
-            for run in (RUNS if r % 2 == 0 else RUNS[::-1]):
+            for run in in_round_order(RUNS, r):
                 times = []
                 for _ in range(calls):
                     other += 1.0  # a step's other memory traffic

@@ -27,7 +27,6 @@ from typing import Any
 import keras
 
 from tfscale import callbacks as cbs
-from tfscale.callbacks.tensorboard import EpochTensorBoard
 from tfscale.cluster import environment as cluster_env
 from tfscale.cluster import rank_zero
 from tfscale.config import targets
@@ -262,8 +261,8 @@ class Trainer:
         if profile and self.strategy.is_chief:
             named["profile"] = cbs.ProfileSteps(*profile, str(self.model_dir / "tensorboard"))
         if chief_tensorboard:
-            named["tensorboard"] = EpochTensorBoard(str(self.model_dir / "tensorboard"),
-                                                    write_graph=False)
+            named["tensorboard"] = cbs.EpochTensorBoard(str(self.model_dir / "tensorboard"),
+                                                        write_graph=False)
         if cfg.collective_timeout_s:
             named["watchdog"] = cbs.StepWatchdog(cfg.collective_timeout_s)
         # Last, so that each measured step includes the other callbacks' work.
