@@ -42,8 +42,8 @@ CLUSTER = [sys.executable, "-m", "launch.minicluster"]
 NODES = ("node1", "node2")
 PORT = 47011
 MODELS = {
-    "mlp": ["--model=mlp", "--image_size=32", "--batch_size=64", "--steps=60",
-            "--log_every=30"],
+    "mlp": ["--model=mlp", "--image_size=32", "--batch_size=64", "--steps=200",
+            "--log_every=100"],
     "resnet50": ["--model=resnet50", "--image_size=64", "--batch_size=16", "--steps=8",
                  "--log_every=4"],
 }
