@@ -20,7 +20,7 @@ Every node has one core of this machine (launch.minicluster), so the 2 ranks of 
 it. The kernel here has no ``netem``: latency is the path's own, measured, not added.
 
     python -m bench.shaped_links [--rounds 2 --links 1,10,25]   (as root)
-    python -m bench.shaped_links --report                         (tables from the last run)
+    python -m bench.shaped_links --report [--result FILE]         (tables from the last run)
 """
 
 from __future__ import annotations
@@ -203,6 +203,9 @@ def main() -> None:
     parser.add_argument("--links", default="1,10,25", help="Gbit/s, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only the tables of the last run")
+    parser.add_argument("--result", type=Path, default=OUT / "shaped_links.json",
+                        help="with --report: the saved result to tabulate (e.g. a kept one in "
+                             "docs/forecast/)")
     parser.add_argument("--append", action="store_true",
                         help="add --rounds rounds to the saved result (its links only)")
     args = parser.parse_args()
@@ -222,7 +225,8 @@ def main() -> None:
                 subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
     from bench.shaped_links_report import report
 
-    print(report(json.loads((OUT / "shaped_links.json").read_text())))
+    print(report(json.loads((args.result if args.report else OUT / "shaped_links.json")
+                            .read_text())))
 
 
 if __name__ == "__main__":

@@ -215,9 +215,12 @@ def hierarchy_wins(run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(result: dict[str, Any]) -> str:
     link_rows, run_rows = rows(result)
-    errors = [abs(float(r["forecast error"].rstrip("%")))
+    missed = [(abs(float(r["forecast error"].rstrip("%"))), r)
               for r in run_rows if "forecast error" in r]
-    within = sum(e <= 10 for e in errors)
+    within = sum(e <= 10 for e, _ in missed)
+    worst = max(missed, key=lambda m: m[0], default=None)
+    worst_text = (f"; worst {worst[1]['forecast error']} ({worst[1]['model']}, {worst[1]['link']}, "
+                  f"{worst[1]['run']})" if worst else "")
     return "\n".join([
         f"{result.get('cpu', '')}; {result.get('when', '')}; {result['rounds']} round(s)"
         + (" (partial)" if result.get("partial") else ""),
@@ -233,5 +236,6 @@ def report(result: dict[str, Any]) -> str:
         table(hierarchy_wins(run_rows), ["model", "link", "hierarchical / flat, fp32",
                                          "hierarchical / flat, fp16", "ddl / flat, fp32",
                                          "multiworker hierarchical / flat"]),
-        "", f"Forecast within 10% of the measured images/s: {within} of {len(errors)} runs",
+        "", f"Forecast within 10% of the measured images/s: {within} of {len(missed)} runs"
+        + worst_text,
     ])

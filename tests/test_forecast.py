@@ -452,3 +452,18 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     assert machine.inter == machines.load("minicluster_10gbit").inter
     assert forecast(Plan(machine, "mlp", "fp32", 16), [2])[0].images_per_sec > 0
     assert machine.host_s_per_byte > 0 and "loopback TCP" in machine.raw["exchange"]["host_source"]
+
+
+def test_kept_shaped_link_runs_give_the_documented_forecast_count() -> None:
+    """docs/FORECAST.md quotes the forecast of the kept 2026-11-27 shaped-link runs; remaking the
+    report from that raw result through today's model and presets must give the same count,
+    so a change to either shows up here with the document still to update."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
+         str(ROOT / "docs" / "forecast" / "shaped_links_2026-11-27.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith("Forecast within 10% of the measured images/s: 34 of 48 runs")
+    assert "worst +28.2% (resnet50, 25 Gbit/s, 2x2 multiworker hierarchical)" in summary
+    doc = (ROOT / "docs" / "FORECAST.md").read_text()
+    assert "**34 of 48 within 10%; worst +28.2%**" in doc
