@@ -203,12 +203,14 @@ def main() -> None:
     parser.add_argument("--links", default="1,10,25", help="Gbit/s, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only the tables of the last run")
-    parser.add_argument("--result", type=Path, default=OUT / "shaped_links.json",
-                        help="with --report: the saved result to tabulate (e.g. a kept one in "
-                             "docs/forecast/)")
+    parser.add_argument("--result", type=Path,
+                        help="with --report: the saved result to tabulate (default: the last "
+                             "run's; e.g. a kept one in docs/forecast/)")
     parser.add_argument("--append", action="store_true",
                         help="add --rounds rounds to the saved result (its links only)")
     args = parser.parse_args()
+    if args.result and not args.report:
+        parser.error("--result goes with --report (a measurement saves into bench/results/)")
     if not args.report:
         was_up = subprocess.run([*CLUSTER, "status"], cwd=ROOT, capture_output=True,
                                 check=False).returncode == 0
@@ -225,8 +227,7 @@ def main() -> None:
                 subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
     from bench.shaped_links_report import report
 
-    print(report(json.loads((args.result if args.report else OUT / "shaped_links.json")
-                            .read_text())))
+    print(report(json.loads((args.result or OUT / "shaped_links.json").read_text())))
 
 
 if __name__ == "__main__":

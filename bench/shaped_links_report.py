@@ -10,6 +10,9 @@ Kept apart from the measurement so that the tables can be remade from the saved 
   ``p`` ranks sends ``2(p-1)/p`` of the gradients over each node boundary, the hierarchical
   all-reduce ``2(C-1)/C`` of them over ``C`` nodes (its ``L`` shards of ``1/L`` together),
   fp16 half as much. ``of floor`` = measured images/s / the floor's.
+- **ns per stack byte**: the run's own exchange time (its step less ``L x the 1x1 step``) over the
+  bytes a node puts through the network stack (``tfscale.forecast.model.host_bytes``): what a
+  byte cost, to set beside ``--calibrate``'s host time per byte.
 - **Forecast**: ``tfscale.forecast``'s model on the preset ``minicluster_<N>gbit`` with its links
   and compute replaced by this round's own measurements: the bus bandwidth of the all-reduce
   across the link at the message size nearest to the run's (its fused gradients, or a node's
@@ -102,6 +105,12 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     return dataclasses.replace(base, inter=inter, intra=intra, models={model: figures})
 
 
+def transport_of(layout: Any) -> str:
+    """How the run's flat ring crosses between two ranks of a node: gRPC's loopback TCP under
+    multiworker, Open MPI's shared memory under horovod and ddl."""
+    return "tcp" if layout.strategy == "multiworker" else "shared_memory"
+
+
 def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
     """The forecast's plan of one run, its exchange pinned to what the run used: algorithm,
     fp16, Horovod's 128 MiB fusion buffer and tfscale's 5 ms cycle across nodes (multiworker
@@ -114,7 +123,7 @@ def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
     return Plan(machine, model, "fp32", batch_size, layout.local,
                 (("algorithm", layout.algorithm), ("fp16", layout.fp16), ("fusion_mb", 128.0),
                  ("cycle_ms", 1.0 if multiworker else 5.0)),
-                "tcp" if multiworker else "shared_memory")
+                transport_of(layout))
 
 
 def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
@@ -130,6 +139,7 @@ def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
 def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(link rows, run rows), means over the rounds."""
     from tfscale.forecast.machines import load
+    from tfscale.forecast.model import host_bytes
 
     layouts = _layouts()
     runs, links = _by_round(result), _links_by_round(result)
@@ -160,7 +170,7 @@ def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, A
         batch = int(next(f.split("=")[1] for f in result["models"][model]
                          if f.startswith("--batch_size=")))
         gradient_bytes = load("minicluster_1gbit").model(model).gradient_bytes
-        measured, floors, forecasts, effs = [], [], [], []
+        measured, floors, forecasts, effs, per_byte = [], [], [], [], []
         for r in sorted(runs):
             rate = runs[r].get((gbit, model, name))
             one = runs[r].get((0.0, model, "1x1"))
@@ -174,6 +184,10 @@ def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, A
                     gradient_bytes, layout.nodes, layout.local, layout.algorithm,
                     layout.fp16) / (gbit * 1e9 / 8)
                 floors.append(layout.nodes * layout.local * batch / step)
+                stack = host_bytes(gradient_bytes / (2 if layout.fp16 else 1), layout.algorithm,
+                                   layout.local, layout.nodes, transport_of(layout))
+                exchange_s = layout.nodes * layout.local * batch / rate - layout.local * batch / one
+                per_byte.append(exchange_s / stack * 1e9)
                 if gbit in links[r] and 0.0 in links[r]:
                     forecasts.append(forecast_rate(gbit, model, layout, node, links[r], batch))
         row: dict[str, Any] = {
@@ -184,6 +198,7 @@ def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, A
         if effs:
             row["efficiency"] = _mean(effs)
             row["of floor"] = row["images/s"] / _mean(floors)
+            row["ns per stack byte"] = _mean(per_byte)
         if forecasts:
             row["forecast images/s"] = _mean(forecasts)
             row["forecast error"] = f"{_mean(forecasts) / row['images/s'] - 1:+.1%}"
@@ -215,12 +230,15 @@ def hierarchy_wins(run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(result: dict[str, Any]) -> str:
     link_rows, run_rows = rows(result)
-    missed = [(abs(float(r["forecast error"].rstrip("%"))), r)
-              for r in run_rows if "forecast error" in r]
-    within = sum(e <= 10 for e, _ in missed)
-    worst = max(missed, key=lambda m: m[0], default=None)
-    worst_text = (f"; worst {worst[1]['forecast error']} ({worst[1]['model']}, {worst[1]['link']}, "
-                  f"{worst[1]['run']})" if worst else "")
+    forecast = [r for r in run_rows if "forecast error" in r]
+
+    def miss(row: dict[str, Any]) -> float:
+        return abs(float(row["forecast error"].rstrip("%")))
+
+    within = sum(miss(r) <= 10 for r in forecast)
+    worst = max(forecast, key=miss, default=None)
+    worst_text = (f"; worst {worst['forecast error']} ({worst['model']}, {worst['link']}, "
+                  f"{worst['run']})" if worst else "")
     return "\n".join([
         f"{result.get('cpu', '')}; {result.get('when', '')}; {result['rounds']} round(s)"
         + (" (partial)" if result.get("partial") else ""),
@@ -231,11 +249,12 @@ def report(result: dict[str, Any]) -> str:
         "", "Runs (images/s: mean over rounds; efficiency: against 2 x the 1-node run with the "
         "same ranks per node):", "",
         table(run_rows, ["model", "link", "run", "images/s", "range", "rounds", "efficiency",
-                         "of floor", "forecast images/s", "forecast error"]),
+                         "of floor", "ns per stack byte", "forecast images/s",
+                         "forecast error"]),
         "", "Hierarchy against one flat ring (2x2, images/s ratio):", "",
         table(hierarchy_wins(run_rows), ["model", "link", "hierarchical / flat, fp32",
                                          "hierarchical / flat, fp16", "ddl / flat, fp32",
                                          "multiworker hierarchical / flat"]),
-        "", f"Forecast within 10% of the measured images/s: {within} of {len(missed)} runs"
+        "", f"Forecast within 10% of the measured images/s: {within} of {len(forecast)} runs"
         + worst_text,
     ])
