@@ -102,8 +102,8 @@ ALL_SCRIPTS = pytest.mark.skipif(os.environ.get("TFSCALE_CLUSTER_ALL") != "1",
 
 @pytest.mark.usefixtures("cluster")
 @pytest.mark.parametrize("launcher, strategy, exchange", [
-    ("slurm", "multiworker", "inside a node: shared memory; across nodes: gRPC "
-                             "(auto collectives)"),
+    ("slurm", "multiworker", "inside a node: shared memory; across nodes: TCP (tfscale's "
+                             "ring)"),
     # ddl across nodes is Horovod over MPI, as the mpirun case and the requeue test (Slurm) run
     # it; its own script runs with TFSCALE_CLUSTER_ALL=1.
     pytest.param("slurm", "ddl", SHARED_MPI, marks=ALL_SCRIPTS),
@@ -244,7 +244,7 @@ def _read(path: Path) -> str:
 
 
 GRPC = "inside a node: gRPC (auto collectives); across nodes: gRPC (auto collectives)"
-SHARED_GRPC = "inside a node: shared memory; across nodes: gRPC (auto collectives)"
+SHARED_RING = "inside a node: shared memory; across nodes: TCP (tfscale's ring)"
 # CI runs the hierarchical cases (shared memory + MPI, shared memory + gRPC) and the gRPC
 # case; TFSCALE_CLUSTER_ALL=1 runs every strategy x mode (ddl's hierarchy is horovod's across
 # nodes, and its Horovod process sets are tested on simulated nodes in test_ddl).
@@ -257,7 +257,7 @@ ALL = pytest.mark.skipif(os.environ.get("TFSCALE_CLUSTER_ALL") != "1",
 @pytest.mark.parametrize("strategy, exchange, transport", [
     ("horovod", "auto", SHARED_MPI),
     ("multiworker", "collectives", GRPC),
-    ("multiworker", "shared_memory", SHARED_GRPC),
+    ("multiworker", "shared_memory", SHARED_RING),
     pytest.param("ddl", "shared_memory", SHARED_MPI, marks=ALL),
     pytest.param("ddl", "collectives",
                  "inside a node: Horovod (MPI); across nodes: Horovod (MPI)", marks=ALL),
@@ -265,7 +265,7 @@ ALL = pytest.mark.skipif(os.environ.get("TFSCALE_CLUSTER_ALL") != "1",
     pytest.param("horovod", "collectives",
                  "inside a node: Horovod (MPI); across nodes: Horovod (MPI)", marks=ALL),
     pytest.param("ddl", "auto", SHARED_MPI, marks=ALL),
-    pytest.param("multiworker", "auto", SHARED_GRPC, marks=ALL),
+    pytest.param("multiworker", "auto", SHARED_RING, marks=ALL),
 ])
 def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
         strategy: str, exchange: str, transport: str, tmp_path: Path) -> None:

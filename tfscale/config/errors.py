@@ -47,8 +47,9 @@ class TrainingStopped(Exception):
 _PEER_FAILURE = re.compile(
     r"Horovod has been shut down|Socket closed|Connection reset by peer|Collective ops is "
     r"aborted|failed to connect|stalled|peer.*(unavailable|not respond)|Gloo|"
-    r"shared-memory exchange", re.IGNORECASE)
-_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)|shared-memory exchange: rank\(s\) \[(\d+)")
+    r"shared-memory exchange|cross-node exchange", re.IGNORECASE)
+_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)"
+                   r"|(?:shared-memory|cross-node) exchange: rank\(s\) \[(\d+)")
 
 
 # tfscale's API for users' scripts names the function in its usage errors (ValueErrors).

@@ -1,42 +1,58 @@
-"""The cross-node exchange of a ``tf.distribute`` cluster: TensorFlow's collective sum among the
-processes with one local index, over the cluster's gRPC (the hierarchical all-reduce's second
-phase under ``multiworker``)."""
+"""The cross-node exchange of a ``tf.distribute`` cluster (the hierarchical all-reduce's second
+phase under ``multiworker``): a ring over TCP among the processes with one local index, one
+per node (:mod:`tfscale.exchange.socket_ring`), as a TensorFlow op."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
+from tfscale.exchange.socket_ring import SocketRing, open_ring
 from tfscale.exchange.topology import Topology
 
-# TF collective group keys of the cross-node phase, one per local index, far above those
-# that tf.distribute allocates from 1 upwards.
-CROSS_GROUP_KEY = 0x3A000000
-CROSS_INSTANCE_KEY = 0x3B000000
+#: What carries the phase, as the exchange plan names it.
+TRANSPORT = "TCP (tfscale's ring)"
 
 
-def tf_cross_node_sum(topology: Topology, timeout_s: float = 0.0) -> Callable[[Any, str], Any]:
-    """Phase 2 in a ``tf.distribute`` cluster (MultiWorkerMirroredStrategy's workers): a TF
-    collective sum among the processes with this process's local index, one per node, over
-    the cluster's own transport (gRPC). Each local index is a group of its own, keyed by it;
-    each call site (its tag) an instance of its own, the same on every process.
+def open_cross_node_ring(topology: Topology, hosts: Sequence[str], token: int,
+                         sum_all: Callable[[np.ndarray], np.ndarray],
+                         timeout_s: float) -> SocketRing:
+    """This process's ring among the job's processes with its local index (one per node); a
+    collective of the whole job.
 
     Args:
-        topology: the job's nodes.
-        timeout_s: a call's timeout (0: none; the strategy's own peer checks stop a job whose
-            peer died).
+        topology: the job's nodes (two or more).
+        hosts: every rank's host, by rank (TF_CONFIG's worker addresses).
+        token: the same on every process, new for the job.
+        sum_all: the element-wise sum of a float64 vector over all processes (the strategy's
+            own collective), which gathers the rings' ports.
+        timeout_s: how long to wait for a peer (0: 600 s).
     """
-    import zlib
+    size = topology.size
 
+    def all_ports(port: int) -> list[int]:
+        row = np.zeros(size)
+        row[topology.rank] = port
+        return [int(p) for p in sum_all(row)]
+
+    return open_ring(topology.rank, topology.cross_ranks, hosts, token, all_ports,
+                     timeout_s or 600.0)
+
+
+def cross_node_sum(ring: SocketRing) -> Callable[[Any, str], Any]:
+    """Phase 2 as a TensorFlow op: ``cross_sum(chunk, tag)``, the sum of ``chunk`` over the
+    ring. Calls are ordered as the step's stateful ops are; ``tag`` names the call site, the
+    same on every process."""
     import tensorflow as tf
 
-    group_key = CROSS_GROUP_KEY + topology.local_index
-
     def cross_sum(chunk: Any, tag: str) -> Any:
-        return tf.raw_ops.CollectiveReduceV2(
-            input=chunk, group_size=topology.num_nodes, group_key=group_key,
-            instance_key=CROSS_INSTANCE_KEY + zlib.crc32(tag.encode()) % 0x1000000,
-            ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring",
-            timeout_seconds=float(timeout_s))
+        out = tf.numpy_function(functools.partial(ring.all_reduce, tag=tag), [chunk],
+                                chunk.dtype, stateful=True,
+                                name=re.sub(r"[^A-Za-z0-9_]", "_", tag) + "_cross_node")
+        return tf.ensure_shape(out, chunk.shape)
 
     return cross_sum

@@ -123,7 +123,7 @@ class HierarchicalAllReduce:
         cross_sum: phase 2 without Horovod, with the shared-memory node phases: a function
             of (this process's summed chunk, a tag naming the call site) that sums the chunk
             over the processes with this local index, one per node (a ``tf.distribute``
-            cluster's own collective: :func:`tfscale.exchange.cross_node.tf_cross_node_sum`).
+            cluster's ring over TCP: :func:`tfscale.exchange.cross_node.cross_node_sum`).
         transient: with shared memory, return views of its buffers instead of copies. Such a
             result is overwritten two calls later, so only for tensors used up within the
             step that made them: gradients applied by the optimizer (the ``ddl`` strategy's

@@ -24,8 +24,7 @@ from types import ModuleType
 import numpy as np
 
 from tfscale.cluster import environment as cluster_env
-from tfscale.exchange import placement
-from tfscale.exchange.cross_node import tf_cross_node_sum
+from tfscale.exchange import cross_node, placement
 from tfscale.exchange.hierarchical import (
     HierarchicalAllReduce,
     new_token,
@@ -145,12 +144,12 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
     :func:`placement.plan_exchange` takes it, else None, and the plan.
 
     On one host, shared memory carries the whole all-reduce. On several, it carries the node
-    phases of the hierarchical all-reduce, and the cluster's own collective (gRPC) the
-    cross-node phase among the workers with the same local index
-    (:func:`~tfscale.exchange.cross_node.tf_cross_node_sum`); every host must then run as
-    many workers. One replica per worker. A collective where the mode allows shared memory and
-    ``why_not`` is empty: every worker decides alike from the same mode, workers and reasons,
-    and then all call ``sum_all``.
+    phases of the hierarchical all-reduce, and a ring over TCP the cross-node phase among the
+    workers with the same local index (:mod:`~tfscale.exchange.cross_node`; not the
+    strategy's gRPC, which costs the cores about four times the host time per byte); every
+    host must then run as many workers. One replica per worker. A collective where the mode
+    allows shared memory and ``why_not`` is empty: every worker decides alike from the same
+    mode, workers and reasons, and then all call ``sum_all``.
 
     Args:
         rank: this worker's index in ``workers``.
@@ -186,7 +185,9 @@ def worker_reduction(rank: int, workers: Sequence[str], mode: str, transport: st
     if topology.num_nodes == 1:
         return HierarchicalAllReduce.on_one_node(node, name="tfscale.strategies.keras_multiworker",
                                                  plan=plan), plan
-    return HierarchicalAllReduce.with_cross_sum(node, topology, tf_cross_node_sum(topology),
+    ring = cross_node.open_cross_node_ring(topology, hosts, token, sum_all, timeout_s)
+    plan = dataclasses.replace(plan, across=cross_node.TRANSPORT)
+    return HierarchicalAllReduce.with_cross_sum(node, topology, cross_node.cross_node_sum(ring),
                                                 "tfscale.strategies.keras_multiworker", plan), plan
 
 
