@@ -85,6 +85,7 @@ ACROSS = (
     Layout("2x2 multiworker hierarchical", 2, 2, strategy="multiworker",
            flags=("--node_exchange=shared_memory",), algorithm="hierarchical"),
 )
+STRATEGIES = tuple(sorted({layout.strategy for layout in ACROSS}))
 
 
 def _cluster(*args: str, timeout: float = 900, on: str = "") -> subprocess.CompletedProcess[str]:
@@ -158,15 +159,16 @@ def train(model: str, layout: Layout) -> dict[str, Any]:
         return results
 
 
-def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
+def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
+            layouts: tuple[Layout, ...] = ACROSS) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
-    ``earlier`` (a saved result), its rounds are kept and these continue their count."""
+    ``earlier`` (a saved result), its rounds are kept and these continue their count.
+    ``layouts``: the two-node runs (the one-node runs always run, for their baselines)."""
     OUT.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
     link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
     first = 1 + max((r["round"] for r in runs), default=-1)
-    cases = [(gbit, model, layout) for gbit in links for model in MODELS for layout in ACROSS]
+    cases = [(gbit, model, layout) for gbit in links for model in MODELS for layout in layouts]
     cases += [(0.0, model, layout) for model in MODELS for layout in ONE_NODE]
     header = {"cpu": cpu_description(), "rounds": first + rounds, "models": MODELS,
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -208,9 +210,25 @@ def main() -> None:
                              "run's; e.g. a kept one in docs/forecast/)")
     parser.add_argument("--append", action="store_true",
                         help="add --rounds rounds to the saved result (its links only)")
+    parser.add_argument("--layouts", default="",
+                        help="comma-separated two-node runs to measure (default: all; e.g. "
+                             "'2x2 hierarchical,2x2 multiworker hierarchical')")
+    parser.add_argument("--host_ns", action="append", default=[], metavar="STRATEGY=NS",
+                        help="with --report: charge STRATEGY's runs NS nanoseconds of host "
+                             "time per byte instead of the preset's (a what-if, e.g. "
+                             "multiworker=6.9 from bench.transport_host_time's gRPC); repeatable")
     args = parser.parse_args()
-    if args.result and not args.report:
-        parser.error("--result goes with --report (a measurement saves into bench/results/)")
+    if (args.result or args.host_ns) and not args.report:
+        parser.error("--result and --host_ns go with --report (a measurement saves into "
+                     "bench/results/ and forecasts with the presets)")
+    host_ns = host_ns_flags(parser, args.host_ns)
+    by_name = {layout.name: layout for layout in ACROSS}
+    wanted = [name.strip() for name in args.layouts.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        parser.error(f"--layouts: {', '.join(map(repr, unknown))} not among "
+                     f"{', '.join(by_name)}")
+    layouts = tuple(by_name[name] for name in wanted) or ACROSS
     if not args.report:
         was_up = subprocess.run([*CLUSTER, "status"], cwd=ROOT, capture_output=True,
                                 check=False).returncode == 0
@@ -220,14 +238,29 @@ def main() -> None:
         earlier = json.loads((OUT / "shaped_links.json").read_text()) if args.append else None
         try:
             save("shaped_links", measure([float(x) for x in args.links.split(",")],
-                                         args.rounds, earlier))
+                                         args.rounds, earlier, layouts))
         finally:
             shape(0)
             if not was_up:  # leave the machine as it was
                 subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
     from bench.shaped_links_report import report
 
-    print(report(json.loads((args.result or OUT / "shaped_links.json").read_text())))
+    print(report(json.loads((args.result or OUT / "shaped_links.json").read_text()), host_ns))
+
+
+def host_ns_flags(parser: argparse.ArgumentParser, values: list[str]) -> dict[str, float]:
+    """``--host_ns STRATEGY=NS`` values as {strategy: ns}; a malformed one stops the parser."""
+    out = {}
+    for value in values:
+        strategy, _, ns = value.partition("=")
+        try:
+            out[strategy] = float(ns)
+        except ValueError:
+            ns = ""
+        if strategy not in STRATEGIES or not ns or out[strategy] < 0:
+            parser.error(f"--host_ns={value!r}: expected STRATEGY=NS with STRATEGY one of "
+                         f"{', '.join(STRATEGIES)} and NS a number of nanoseconds >= 0")
+    return out
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from bench.common import table
@@ -86,9 +87,11 @@ def message_bytes(gradient_bytes: float, layout: Any) -> float:
 
 
 def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
-                links: dict[float, dict[str, Any]], batch_size: int) -> Any:
+                links: dict[float, dict[str, Any]], batch_size: int,
+                host_ns: Mapping[str, float] | None = None) -> Any:
     """The preset ``minicluster_<gbit>gbit`` calibrated with one round's measurements: the
-    links' bus bandwidth at the message size nearest to the run's."""
+    links' bus bandwidth at the message size nearest to the run's. ``host_ns``: a host time
+    per byte by strategy that replaces the preset's for that strategy's runs (a what-if)."""
     from tfscale.forecast.machines import ModelFigures, load
     from tfscale.forecast.model import Link
 
@@ -102,7 +105,9 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     local = layout.local
     figures = ModelFigures(preset.gradient_bytes, batch_size, local, {"fp32": node_rate},
                            preset.backward_fraction, None, "bench.shaped_links")
-    return dataclasses.replace(base, inter=inter, intra=intra, models={model: figures})
+    host_s = (host_ns or {}).get(layout.strategy, base.host_s_per_byte * 1e9) * 1e-9
+    return dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
+                               host_s_per_byte=host_s)
 
 
 def transport_of(layout: Any) -> str:
@@ -127,17 +132,20 @@ def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
 
 
 def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
-                  links: dict[float, dict[str, Any]], batch_size: int) -> float:
-    """tfscale.forecast's images/s for one run (:func:`plan_for`)."""
+                  links: dict[float, dict[str, Any]], batch_size: int,
+                  host_ns: Mapping[str, float] | None = None) -> float:
+    """tfscale.forecast's images/s for one run (:func:`plan_for`; ``host_ns`` as for
+    :func:`machine_for`)."""
     from tfscale.forecast.predict import forecast
 
-    machine = machine_for(gbit, model, layout, node_rate, links, batch_size)
+    machine = machine_for(gbit, model, layout, node_rate, links, batch_size, host_ns)
     return forecast(plan_for(machine, model, layout, batch_size),
                     [layout.nodes])[0].images_per_sec
 
 
-def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(link rows, run rows), means over the rounds."""
+def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
+         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(link rows, run rows), means over the rounds (``host_ns`` as for :func:`machine_for`)."""
     from tfscale.forecast.machines import load
     from tfscale.forecast.model import host_bytes
 
@@ -189,7 +197,8 @@ def rows(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, A
                 exchange_s = layout.nodes * layout.local * batch / rate - layout.local * batch / one
                 per_byte.append(exchange_s / stack * 1e9)
                 if gbit in links[r] and 0.0 in links[r]:
-                    forecasts.append(forecast_rate(gbit, model, layout, node, links[r], batch))
+                    forecasts.append(forecast_rate(gbit, model, layout, node, links[r], batch,
+                                                   host_ns))
         row: dict[str, Any] = {
             "model": model, "link": f"{gbit:g} Gbit/s" if gbit else "none (one node)",
             "run": name, "images/s": _mean(measured),
@@ -228,8 +237,9 @@ def hierarchy_wins(run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def report(result: dict[str, Any]) -> str:
-    link_rows, run_rows = rows(result)
+def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -> str:
+    """The tables of ``result``; ``host_ns`` as for :func:`machine_for`, named in the count."""
+    link_rows, run_rows = rows(result, host_ns)
     forecast = [r for r in run_rows if "forecast error" in r]
 
     def miss(row: dict[str, Any]) -> float:
@@ -256,5 +266,6 @@ def report(result: dict[str, Any]) -> str:
                                          "hierarchical / flat, fp16", "ddl / flat, fp32",
                                          "multiworker hierarchical / flat"]),
         "", f"Forecast within 10% of the measured images/s: {within} of {len(forecast)} runs"
-        + worst_text,
+        + worst_text + "".join(f"; {strategy}'s runs charged {ns:g} ns of host time per byte"
+                               for strategy, ns in sorted((host_ns or {}).items())),
     ])

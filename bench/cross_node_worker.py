@@ -1,0 +1,62 @@
+"""One worker of bench.transport_host_time: an all-reduce between two processes that TF_CONFIG
+names, on the core this process is pinned to, through TensorFlow's collective over the
+cluster's gRPC (``grpc``: what carried multiworker's cross-node phase until tfscale's ring) or
+through that ring as training calls it (``ring``:
+:func:`tfscale.exchange.cross_node.cross_node_sum`); prints one JSON line with the seconds
+per call.
+
+    python -m bench.cross_node_worker {grpc,ring} NBYTES CALLS   (TF_CONFIG set)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+from tfscale.exchange import cross_node  # noqa: E402
+from tfscale.exchange.tf_distribute import process_sum  # noqa: E402
+from tfscale.exchange.topology import Topology  # noqa: E402
+
+
+def main() -> None:
+    transport, nbytes, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    # The strategy connects the cluster and configures its collectives, as under multiworker.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = strategy.cluster_resolver.task_id
+    if transport == "ring":
+        hosts = [w.rsplit(":", 1)[0]
+                 for w in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
+        ring = cross_node.open_cross_node_ring(
+            Topology(((0,), (1,)), rank), hosts, 1,
+            lambda values: process_sum(strategy, 2, values), 120.0)
+        cross_sum = cross_node.cross_node_sum(ring)
+    else:
+        def cross_sum(chunk: tf.Tensor, tag: str) -> tf.Tensor:
+            return tf.raw_ops.CollectiveReduceV2(
+                input=chunk, group_size=2, group_key=0x3A000000, instance_key=0x3B000000,
+                ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring")
+    values = tf.fill([nbytes // 4], float(rank + 1))
+
+    @tf.function
+    def once() -> tf.Tensor:
+        return cross_sum(values, "bench.transport_host_time")
+
+    got = once().numpy()  # warm-up: connections, buffers
+    if got[0] != 3.0 or got[-1] != 3.0:
+        raise RuntimeError(f"the sum of 1 and 2 came back as {got[0]}, {got[-1]}")
+    start = time.perf_counter()
+    for _ in range(calls):
+        once().numpy()
+    print(json.dumps({"rank": rank, "seconds_per_call": (time.perf_counter() - start) / calls}))
+
+
+if __name__ == "__main__":
+    main()

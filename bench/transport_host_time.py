@@ -1,0 +1,128 @@
+"""The host time per byte of an exchange, by transport: raw TCP (what ``--calibrate`` measures
+and the forecast charges), tfscale's ring over TCP (multiworker's cross-node phase) and
+TensorFlow's collective over gRPC (what carried that phase before the ring).
+
+Each is an all-reduce between two processes on one core, so each byte's send and receive
+both run on it; ``busy``: with a third process computing on that core, ``idle``: without.
+``tcp`` is ``tfscale.forecast.calibrate.host_time`` (NumPy over a loopback socket); ``ring``
+and ``grpc`` are :mod:`bench.cross_node_worker`, two TF_CONFIG workers calling the phase as a
+training step does. Each round measures every size and transport, in order and reversed in
+turn; figures are medians over the rounds of nanoseconds per all-reduced byte.
+
+    python -m bench.transport_host_time [--rounds 2 --mib 4.5,16,48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from bench.common import ROOT, cpu_description, in_round_order, save, table
+
+TRANSPORTS = ("tcp", "ring", "grpc")
+_BURN = ("import numpy as np\na = np.random.rand(256, 256)\n"
+         "while True:\n    a = np.tanh(a @ a)\n")
+_SECONDS = 3.0  # of all-reduces per measurement
+_NS_PER_BYTE = 6.0  # gRPC's, roughly, to size the workers' runs to about _SECONDS
+
+
+def worker_ns_per_byte(transport: str, nbytes: int, busy: bool,
+                       timeout_s: float = 300.0) -> float:
+    """Host nanoseconds per byte of an all-reduce of ``nbytes`` through ``transport`` ("ring"
+    or "grpc") between two TensorFlow workers on one core (with a third process computing
+    there when ``busy``)."""
+    from tfscale.scripts.launcher import tf_config_envs
+
+    core = min(os.sched_getaffinity(0))
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {core})
+
+    calls = max(3, round(_SECONDS / (nbytes * _NS_PER_BYTE * 1e-9)))
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        if busy:
+            procs.append(subprocess.Popen([sys.executable, "-c", _BURN], preexec_fn=pin))
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "bench.cross_node_worker", transport, str(nbytes),
+             str(calls)],
+            cwd=ROOT, env={**os.environ, **env}, preexec_fn=pin, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True) for env in tf_config_envs(2)]
+        procs += workers
+        seconds = []
+        for worker in workers:
+            out, err = worker.communicate(timeout=timeout_s)
+            if worker.returncode != 0:
+                raise RuntimeError(f"bench.cross_node_worker {transport} failed (exit "
+                                   f"{worker.returncode}):\n{err[-2000:]}")
+            seconds.append(json.loads(out.strip().splitlines()[-1])["seconds_per_call"])
+        return max(seconds) / nbytes * 1e9
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def measure(rounds: int, mib: list[float]) -> dict[str, Any]:
+    from tfscale.forecast.calibrate import host_time
+
+    runs: list[dict[str, Any]] = []
+    for r in range(rounds):
+        for size in in_round_order(mib, r):
+            nbytes = int(size * 2**20) // 4 * 4
+            for transport in in_round_order(TRANSPORTS, r):
+                if transport == "tcp":
+                    idle, busy = host_time(nbytes, _SECONDS)
+                else:
+                    got = {busy: worker_ns_per_byte(transport, nbytes, busy)
+                           for busy in in_round_order((False, True), r)}
+                    idle, busy = got[False], got[True]
+                runs.append({"round": r, "mib": size, "transport": transport,
+                             "idle": idle, "busy": busy})
+                print(json.dumps(runs[-1]), flush=True)
+    return {"cpu": cpu_description(), "rounds": rounds, "runs": runs, "rows": rows(runs)}
+
+
+def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per size and transport: medians over the rounds, and each over raw TCP's."""
+    out = []
+    for size in sorted({run["mib"] for run in runs}):
+        medians = {}
+        for transport in TRANSPORTS:
+            mine = [run for run in runs if run["mib"] == size and run["transport"] == transport]
+            row: dict[str, Any] = {"MiB": size, "transport": transport}
+            for state in ("idle", "busy"):
+                values = [run[state] for run in mine]
+                row[f"{state} ns/B"] = medians[transport, state] = statistics.median(values)
+                row[f"{state} range"] = f"{min(values):.2f}-{max(values):.2f}"
+            out.append(row)
+            for state in ("idle", "busy"):
+                row[f"{state} / tcp"] = medians[transport, state] / medians["tcp", state]
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    return (f"CPU: {result['cpu']}; {result['rounds']} rounds\n\n"
+            + table(result["rows"], ["MiB", "transport", "idle ns/B", "idle range",
+                                     "busy ns/B", "busy range", "idle / tcp", "busy / tcp"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--mib", default="4.5,16,48",
+                        help="comma-separated all-reduce sizes in MiB")
+    args = parser.parse_args()
+    result = measure(args.rounds, [float(v) for v in args.mib.split(",")])
+    save("transport_host_time", result)
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
