@@ -10,7 +10,7 @@ For each link speed, in alternating rounds:
   hierarchical (shared memory inside each node, Horovod across; with ``--strategy=horovod``
   and ``--strategy=ddl``), horovod's flat and hierarchical also with ``--fp16_allreduce``, and
   ``--strategy=multiworker`` flat (TensorFlow's gRPC ring) and hierarchical (shared memory
-  inside each node, gRPC across).
+  inside each node, tfscale's TCP ring across; TensorFlow's gRPC collective before 95850aa).
 
 Each run is set against the floor its link sets (compute + bytes crossing the link / the
 shaped rate) and against ``tfscale.forecast``, whose machine is calibrated on the round's own

@@ -13,7 +13,9 @@ script) stays free of them.
 - :mod:`~tfscale.exchange.topology`: which ranks share a node;
 - :mod:`~tfscale.exchange.placement`: what carries the node exchange (``--node_exchange``);
 - :mod:`~tfscale.exchange.shared_memory`: the node exchange through shared memory;
-- :mod:`~tfscale.exchange.cross_node`: TensorFlow's cross-node sum (``multiworker``);
+- :mod:`~tfscale.exchange.socket_ring`: an all-reduce ring over TCP;
+- :mod:`~tfscale.exchange.cross_node`: the cross-node sum of ``multiworker``'s hierarchical
+  all-reduce, over that ring;
 - :mod:`~tfscale.exchange.fusion`: many tensors as one buffer;
 - :mod:`~tfscale.exchange.hierarchical`: the hierarchical all-reduce;
 - :mod:`~tfscale.exchange.optimizer`: the gradient exchange inside a Keras 3 optimizer

@@ -2,9 +2,11 @@
 the processes with one local index, one per node.
 
 TensorFlow's collective over the cluster's gRPC carried this phase before. Between two
-processes on one core it costs 4.2-5.7 ns of host time per all-reduced byte against 1.0-1.3
+processes on one core it costs 3.7-4.9 ns of host time per all-reduced byte against 1.0-1.3
 for the same all-reduce over a socket (``python -m bench.transport_host_time``; gRPC copies
-and serialises each message), and on CPU nodes that time comes out of the cores that compute.
+and serialises each message), and on CPU nodes that time comes out of the cores that compute:
+on the two-node mini-cluster the ring made multiworker's hierarchical steps 16-19% faster at
+10 and 25 Gbit/s (bench/RESULTS.md).
 
 The ring: ``n`` processes split the buffer into ``n`` parts. In ``n - 1`` reduce-scatter steps
 each process sends a part to the next process, receives one from the previous and adds its
@@ -189,9 +191,7 @@ def open_ring(rank: int, members: Sequence[int], hosts: Sequence[str], token: in
     n = len(members)
     if n < 2:
         raise ValueError(f"a ring needs two or more processes, not {list(members)}")
-    # On every interface, as TensorFlow's gRPC server listens (a host name may resolve to
-    # another address on the host than the one its peers reach).
-    listener = socket.create_server(("", 0), backlog=n + 4)
+    listener = _listen(n + 4)
     try:
         ports = all_ports(listener.getsockname()[1])
         deadline = time.monotonic() + timeout_s
@@ -202,6 +202,17 @@ def open_ring(rank: int, members: Sequence[int], hosts: Sequence[str], token: in
         return SocketRing(to_next, from_previous, index, members, timeout_s)
     finally:
         listener.close()
+
+
+def _listen(backlog: int) -> socket.socket:
+    """A listening socket on every interface, as TensorFlow's gRPC server listens (a host name
+    may resolve to another of the host's addresses than the one its peers reach): IPv6 and
+    IPv4 where the host can, else IPv4."""
+    if socket.has_dualstack_ipv6():
+        with contextlib.suppress(OSError):
+            return socket.create_server(("", 0), family=socket.AF_INET6, backlog=backlog,
+                                        dualstack_ipv6=True)
+    return socket.create_server(("", 0), backlog=backlog)
 
 
 def _connect(host: str, port: int, rank: int, deadline: float) -> socket.socket:
