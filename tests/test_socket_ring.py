@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tfscale.config.errors import describe_peer_failure
+from tfscale.exchange import socket_ring
 from tfscale.exchange.socket_ring import CrossNodeError, SocketRing, open_ring
 
 TOKEN = 0x5EED
@@ -146,13 +147,16 @@ def test_processes_at_different_exchanges_stop_instead_of_adding_them(tmp_path: 
     assert all(e.startswith("cross-node exchange: rank(s) [") for e in errors.values()), errors
 
 
-def test_a_stray_connection_is_turned_away(tmp_path: Path) -> None:
-    """Something else connects to a ring's port first (wrong token): the ring still forms."""
+def test_stray_connections_are_turned_away(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two other connections reach a ring's port first, one with the wrong bytes and one that
+    stays silent (given 0.5 s to say hello instead of 10): the ring still forms."""
+    monkeypatch.setattr(socket_ring, "_HELLO_TIMEOUT_S", 0.5)
 
     def all_ports(port: int) -> list[int]:
-        stray = socket.create_connection(("127.0.0.1", port))
-        stray.sendall(b"not a ring hello")
-        strays.append(stray)
+        strays.append(socket.create_connection(("127.0.0.1", port)))
+        strays[-1].sendall(b"not a ring hello")
+        strays.append(socket.create_connection(("127.0.0.1", port)))
         return ports_of_two(port)
 
     strays: list[socket.socket] = []

@@ -39,6 +39,9 @@ _HELLO = struct.Struct("<qq")
 # (call number, bytes in the part, crc32 of the call's tag)
 _HEADER = struct.Struct("<qqI")
 _CONNECT_RETRY_S = 0.05
+# How long a new connection has to say hello: the ring's own peers send it as they connect, so
+# a connection that stays silent (a stray one) cannot hold up the ring's start for longer.
+_HELLO_TIMEOUT_S = 10.0
 
 
 class CrossNodeError(RuntimeError):
@@ -235,7 +238,7 @@ def _accept(listener: socket.socket, token: int, rank: int, deadline: float) -> 
         except TimeoutError:
             raise CrossNodeError(f"cross-node exchange: rank(s) [{rank}] did not connect "
                                  "(a peer died or stalled)") from None
-        sock.settimeout(max(deadline - time.monotonic(), 0.1))
+        sock.settimeout(min(max(deadline - time.monotonic(), 0.1), _HELLO_TIMEOUT_S))
         hello = bytearray(_HELLO.size)
         try:
             got = sock.recv_into(hello, _HELLO.size, socket.MSG_WAITALL)
