@@ -256,8 +256,8 @@ def host_ns_flags(parser: argparse.ArgumentParser, values: list[str]) -> dict[st
         try:
             out[strategy] = float(ns)
         except ValueError:
-            ns = ""
-        if strategy not in STRATEGIES or not ns or out[strategy] < 0:
+            out[strategy] = -1.0
+        if strategy not in STRATEGIES or out[strategy] < 0:
             parser.error(f"--host_ns={value!r}: expected STRATEGY=NS with STRATEGY one of "
                          f"{', '.join(STRATEGIES)} and NS a number of nanoseconds >= 0")
     return out

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from tfscale.exchange import placement
 from tfscale.exchange.socket_ring import SocketRing, open_ring
 from tfscale.exchange.topology import Topology
 
@@ -32,12 +33,9 @@ def open_cross_node_ring(topology: Topology, hosts: Sequence[str], token: int,
             own collective), which gathers the rings' ports.
         timeout_s: how long to wait for a peer (0: 600 s).
     """
-    size = topology.size
-
     def all_ports(port: int) -> list[int]:
-        row = np.zeros(size)
-        row[topology.rank] = port
-        return [int(p) for p in sum_all(row)]
+        return [int(p) for p in placement.gather_strings(str(port), topology.rank,
+                                                         topology.size, sum_all)]
 
     return open_ring(topology.rank, topology.cross_ranks, hosts, token, all_ports,
                      timeout_s or 600.0)
