@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import OUT, ROOT, cpu_description, in_round_order, save
+from tfscale.cli.output import ends_quietly
 
 CLUSTER = [sys.executable, "-m", "launch.minicluster"]
 NODES = ("node1", "node2")
@@ -200,7 +201,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     return {**header, "links": link_rows, "runs": runs}
 
 
-def main() -> None:
+@ends_quietly
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--links", default="1,10,25", help="Gbit/s, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
@@ -245,7 +247,10 @@ def main() -> None:
                 subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
     from bench.shaped_links_report import report
 
+    # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the
+    # command there without a BrokenPipeError traceback.
     print(report(json.loads((args.result or OUT / "shaped_links.json").read_text()), host_ns))
+    return 0
 
 
 def host_ns_flags(parser: argparse.ArgumentParser, values: list[str]) -> dict[str, float]:
@@ -264,4 +269,4 @@ def host_ns_flags(parser: argparse.ArgumentParser, values: list[str]) -> dict[st
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

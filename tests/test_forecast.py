@@ -473,3 +473,18 @@ def test_kept_shaped_link_runs_give_the_documented_forecast_count(kept: str, cou
     assert f"worst {worst}" in summary
     doc = (ROOT / "docs" / "FORECAST.md").read_text()
     assert f"**{count} within 10%; worst {worst.split()[0]}**" in doc
+
+
+def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
+    """``bench.shaped_links --report | head`` must not end in a BrokenPipeError traceback: the
+    pipe's reader is gone before the command starts, so its first write meets it."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
+             str(ROOT / "docs" / "forecast" / "shaped_links_2026-11-27_ring.json")],
+            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert result.returncode == 0 and "BrokenPipe" not in result.stderr, result.stderr[-2000:]
