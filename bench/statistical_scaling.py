@@ -19,7 +19,8 @@ process at ``--batch_size=G``) has the workers' staleness; ``ema accumulated`` h
 Writes ``bench/results/statistical_scaling.json`` after every run (``--append`` resumes),
 prints a table per dataset, draws ``docs/statistical_scaling/accuracy.png`` (Goyal et al. 2017)
 and ``steps.png`` (Shallue et al. 2019), and writes the forecast's statistical-efficiency files
-``tfscale/forecast/data/efficiency_<dataset>.json`` from the ``linear`` arm.
+``tfscale/forecast/data/efficiency_<dataset>.json`` from :data:`EFFICIENCY_ARM`, the ``linear``
+arm with today's default ``--zero_init_residual``.
 
     python -m bench.statistical_scaling [--datasets digits] [--arms linear] [--seeds 0]
         [--batches 16,256] [--append] [--report_only] [--target digits=0.95]
@@ -48,6 +49,9 @@ from tfscale.training.files import write_json_atomic
 NAME = "statistical_scaling"
 DOCS = ROOT / "docs" / "statistical_scaling"
 EFFICIENCY = ROOT / "tfscale" / "forecast" / "data"
+# The arm the forecast's efficiency files come from: the linear arm's recipe with today's
+# defaults (zero-init residual scales on; the linear arm itself ran before they were).
+EFFICIENCY_ARM = "zero-init residual"
 MODEL = "resnet50_tiny"
 PER_WORKER = 16  # images per worker (micro-batch) in the emulation
 BATCHES = (16, 32, 64, 128, 256)
@@ -121,10 +125,11 @@ ARMS = {
     "weight decay + exclude": Arm(
         f"precise BN, linear, weight decay {WEIGHT_DECAY:g} + --exclude_bias_bn_decay",
         flags=(*DECAY, "--exclude_bias_bn_decay"), batches=(128,), datasets=("digits",)),
-    # 128 on the digits first; 64 and 256 there and 128 on the textures once it had gained
-    # 10 points at 128 (the other batches of the textures are left for another machine).
+    # Today's defaults: the linear arm with zero-init residual scales. 128 on the digits first,
+    # then 64 and 256 there and 128 on the textures (2 seeds); every batch and a third seed
+    # later, for the forecast's efficiency files (EFFICIENCY_ARM).
     "zero-init residual": Arm("precise BN, linear, --zero_init_residual", zero_init=True,
-                              batches=(64, 128, 256)),
+                              seeds=(0, 1, 2)),
     "ema accumulated": Arm("EMA BN, accumulation", bn="ema", batches=(128,), seeds=(0,),
                            datasets=("digits",)),
     # Slow on 2 cores (a batch-norm all-reduce per layer and step): 2 seeds, a third on the
@@ -267,12 +272,12 @@ def perfect_scaling_end(points: Sequence[tuple[int, float | None]]) -> int | Non
 
 
 def efficiency_file(dataset: str, runs: Sequence[dict[str, Any]], target: float,
-                    source: str) -> dict[str, Any]:
+                    source: str, arm_name: str = EFFICIENCY_ARM) -> dict[str, Any]:
     """The statistical-efficiency file that ``tfscale.forecast --efficiency`` reads
-    (:mod:`tfscale.forecast.efficiency`), from the ``linear`` arm."""
+    (:mod:`tfscale.forecast.efficiency`), from the runs of arm ``arm_name``."""
     points = []
     for (arm, batch), group in groups(runs).items():
-        if arm != "linear":
+        if arm != arm_name:
             continue
         reached = [h for h in (first_at(r["history"], target) for r in group) if h]
         points.append({
@@ -490,7 +495,8 @@ def publish(result: dict[str, Any], given: dict[str, float]) -> str:
     save(NAME, result)
     last = max((r["date"] for r in runs), default="")
     for dataset, mine in by_dataset.items():
-        data = efficiency_file(dataset, mine, targets[dataset], f"bench.{NAME}, {last}, {cpu}")
+        data = efficiency_file(dataset, mine, targets[dataset],
+                               f"bench.{NAME} ({EFFICIENCY_ARM!r} arm), {last}, {cpu}")
         if data["points"]:
             write_json_atomic(EFFICIENCY / f"efficiency_{dataset}.json", data)
     if by_dataset:

@@ -83,7 +83,8 @@ def test_target_summary_and_efficiency_file() -> None:
     row = summarize(runs[:2], 0.95)
     assert row["reached"] == "2/2" and row["final acc (mean)"] == pytest.approx(0.97)
     assert row["epochs to target"] == pytest.approx(8.0)
-    data = efficiency_file("digits", runs, 0.9, "bench.statistical_scaling, today, CPU")
+    data = efficiency_file("digits", runs, 0.9, "bench.statistical_scaling, today, CPU", "linear")
+    assert efficiency_file("digits", runs, 0.9, "x")["points"] == []  # not EFFICIENCY_ARM's runs
     assert data["target"] == {"metric": "val_accuracy", "value": 0.9}
     assert (data["per_worker_batch"], data["train_images"]) == (16, 1438)
     assert data["points"] == [
