@@ -48,13 +48,21 @@ GRADIENT_MB = sum(math.prod(shape) for shape in MLP_SHAPES) * 4 / 1e6
 
 
 def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
-                 out: Any) -> None:
+                 out: Any, module: str | None = None) -> None:
     import numpy as np
 
-    from tfscale.exchange.shared_memory import SharedMemoryGroup
+    if module is None:
+        from tfscale.exchange import shared_memory
+    else:  # another version of the module, from its file (bench.shared_memory_ab)
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("shared_memory_under_test", module)
+        assert spec is not None and spec.loader is not None
+        shared_memory = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(shared_memory)
 
     os.sched_setaffinity(0, {core})
-    group = SharedMemoryGroup(key, index, 2, timeout_s=120)
+    group = shared_memory.SharedMemoryGroup(key, index, 2, timeout_s=120)
     rng = np.random.default_rng(index)
     tensors = [rng.standard_normal(shape).astype(np.float32) for shape in MLP_SHAPES]
     times = []
@@ -69,15 +77,18 @@ def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
     out.put(statistics.median(times) * 1000.0)
 
 
-def bare_exchange_ms(cores: list[int], gap_ms: float, calls: int = 200) -> float:
+def bare_exchange_ms(cores: list[int], gap_ms: float, calls: int = 200,
+                     module: str | None = None) -> float:
     """The shared-memory all-reduce of mlp's gradients between two processes on ``cores``,
-    ``gap_ms`` of work between calls: its median time, the slower process's."""
+    ``gap_ms`` of work between calls: its median time, the slower process's (``module``: the
+    file of another version of :mod:`tfscale.exchange.shared_memory` to time instead)."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     key = f"bench{os.getpid()}-{time.monotonic_ns()}"
-    procs = [context.Process(target=_bare_worker, args=(i, cores[i], key, gap_ms, calls, out))
+    procs = [context.Process(target=_bare_worker,
+                             args=(i, cores[i], key, gap_ms, calls, out, module))
              for i in range(2)]
     for p in procs:
         p.start()

@@ -45,7 +45,9 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
     # A mean of tensors longer than the blocks the sum works in.
     outs.append([o.copy() for o in exchange.all_reduce(*long_inputs(index), divisor=size)])
     left = sorted(p.name for p in Path(directory).iterdir())
-    queue.put((index, outs, left, rows))
+    # Bytes mapped for each segment (dtype, shapes), against its buffers' length in values.
+    mapped = [(len(seg._map), seg.length, key[0]) for key, seg in exchange._segments.items()]
+    queue.put((index, outs, left, (rows, mapped)))
 
 
 def long_inputs(index: int) -> list[np.ndarray]:
@@ -78,7 +80,7 @@ def run_node(size: int, directory: Path) -> dict[int, tuple[list[Any], list[str]
                 p.kill()
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, 3, 4])
 def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
                                                                tmp_path: Path) -> None:
     results = run_node(size, tmp_path)
@@ -109,7 +111,13 @@ def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
     # Host values: every process gets every row, in local order, exactly as sent.
     sent = np.stack([host_values(i) for i in range(size)])
     for i in range(size):
-        np.testing.assert_array_equal(results[i][2], sent)
+        np.testing.assert_array_equal(results[i][2][0], sent)
+    # A segment holds L buffers of its length (at least 2: the results alternate between
+    # calls) after its flags: the sums are made in the buffers the parts came in.
+    header = 4 * size * 64
+    for i in range(size):
+        for mapped, length, dtype in results[i][2][1]:
+            assert mapped == header + max(size, 2) * length * np.dtype(dtype).itemsize
 
 
 def test_host_all_reduce_takes_shared_memory_only_when_the_job_is_one_node(

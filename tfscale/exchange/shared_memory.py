@@ -10,30 +10,34 @@ One segment per node and list of tensor sizes (one dtype), a file in ``/dev/shm`
 every process of the node::
 
     flags    4 x L counters, one per (kind, local index), each on its own cache line
-    slots    L input buffers of n values, one written by each process (but for its chunk)
-    results  2 x n values, used by odd and even calls in turn: chunk j (n / L values) of each
-             is written by the process with local index j
+    buffers  L buffers of n values: process k leaves its part of chunk j (n / L values) for
+             process j, who sums that chunk, in the buffer of distance (k - j) mod L. The two
+             buffers of distance 1, used by odd and even calls in turn, are also the results:
+             process j adds the other parts of chunk j into the part that process j + 1 left
+             there. Distances 2 .. L-1 have one buffer each.
 
 In a buffer each tensor starts on a 64-byte boundary (the gaps stay zero), and ``n`` is a
 multiple of ``L`` aligned chunks. The tensors are copied straight from TensorFlow's gradients
-into the slot, so no fused buffer is built. The results are returned as copies, or, for
+into the buffers, so no fused buffer is built. The results are returned as copies, or, for
 gradients that the optimizer applies within the step (``copy=False``), as views of the call's
-``results`` buffer, which TensorFlow takes without copying: that buffer is written again two
+results buffer, which TensorFlow takes without copying: that buffer is written again two
 calls later, after every process has finished the call in between, so after the step.
 
 Call ``c`` (every process makes the same calls in the same order):
 
 1. wait until every process has finished call ``c - 1`` (``gathered >= c - 1``), so no one
-   still reads this process's slot or chunk; copy the input into this process's slot (for a
-   mean on one node, multiplied by 1 / processes on the way), all but its own chunk, which
-   only this process reads; publish ``written = c``;
-2. wait until every slot is written (``written >= c``); sum chunk ``j`` of the slots in local
-   index order, this process's own part taken straight from its input (every process of the
-   job sums in the same order, so results are bit-identical everywhere), block by block so
-   that each block's passes find it in the cache; that is the reduce-scatter;
+   still reads the buffers this process writes; copy each other process's chunk of the input
+   into its buffer (for a mean on one node, multiplied by 1 / processes on the way), all but
+   this process's own chunk, which only it reads; publish ``written = c``;
+2. wait until every part is written (``written >= c``); sum chunk ``j`` of the parts in local
+   index order, this process's own part taken straight from its input (each chunk is summed
+   by one process, so results are bit-identical everywhere), block by block so that each
+   block's passes find it in the cache, into the results buffer where the next process's part
+   lies (a line just read is written without another fetch from memory); that is the
+   reduce-scatter;
 3. the all-gather: with several nodes, divide the chunk by the number of processes of the job
    for a mean (after its cross-node sum), publish ``reduced = c``, wait until every chunk is
-   in (``reduced >= c``), publish ``gathered = c`` and return views of ``results``.
+   in (``reduced >= c``), publish ``gathered = c`` and return views of the results buffer.
 
 Each counter has a single writer, and a counter is published after the data it stands for.
 That ordering needs stores to become visible in program order (x86-64's memory model); on
@@ -126,20 +130,23 @@ class _Segment:
             length += -(-math.prod(shape) // per_line) * per_line
         length += -length % (size * per_line)
         self.length = length
-        self.chunk = slice(index * (length // size), (index + 1) * (length // size))
+        self.chunks = [slice(j * (length // size), (j + 1) * (length // size))
+                       for j in range(size)]
+        self.chunk = self.chunks[index]
         header = len(_KINDS) * size * _LINE
         data = length * dtype.itemsize
-        self._map = self._open(path, header + (size + 2) * data, index)
+        count = 2 + max(size - 2, 0)
+        self._map = self._open(path, header + count * data, index)
         self.flags = {
             kind: np.ndarray((size,), np.int64, self._map, offset=k * size * _LINE,
                              strides=(_LINE,))
             for k, kind in enumerate(_KINDS)}
         self.pids = self.flags["attached"]
-        self.slots = np.ndarray((size, length), dtype, self._map, offset=header)
-        self.results = np.ndarray((2, length), dtype, self._map, offset=header + size * data)
+        self.buffers = np.ndarray((count, length), dtype, self._map, offset=header)
         self.calls = 0
-        # A scaled block of this process's own part, for a process that adds it third or later.
-        self._scratch = np.empty(_BLOCK if index >= 2 else 0, dtype)
+        # Blocks of this process's own part scaled, and of a sum of three or more parts.
+        self._scaled = np.empty(_BLOCK, dtype)
+        self._acc = np.empty(_BLOCK if size > 2 else 0, dtype)
         self.flags["attached"][index] = os.getpid()
         if index == 0:
             # Everyone has the mapping once they all say so: the name can go.
@@ -181,78 +188,87 @@ class _Segment:
         return [flat[o:o + math.prod(s)].reshape(s)
                 for o, s in zip(self.offsets, self.shapes, strict=True)]
 
+    def _buffer(self, distance: int, call: int) -> np.ndarray:
+        """The buffer where process ``k`` leaves its part of chunk ``j`` for process ``j`` to
+        sum, ``distance`` = (k - j) mod L; distance 1, the results, by ``call``'s parity."""
+        return self.buffers[call % 2 if distance == 1 else distance]
+
     def reduce_scatter(self, tensors: Sequence[np.ndarray], scale: float = 1.0) -> np.ndarray:
         """Steps 1 and 2: the node's sum of this process's chunk of the tensors laid out in a
-        buffer, left in the call's ``results`` (and returned as a view of it). ``scale``
+        buffer, left in the call's results buffer (and returned as a view of it). ``scale``
         multiplies each tensor as it is copied in: a mean without a pass over the result."""
         self.calls += 1
         c = self.calls
         self._wait(self.flags["gathered"], c - 1, f"finish exchange {c - 1}", self.pids)
         flat = [np.asarray(t).reshape(-1) for t in tensors]
-        slot = self.slots[self.index]
-        # Only the chunks the other processes sum go to the slot: this process sums its own
-        # chunk straight from its tensors (half the copying in, for two processes).
-        for start, end, offset, tensor in self._pieces(flat, own=False):
-            scaled(tensor[start - offset:end - offset], scale, slot[start:end])
+        # Only the chunks the other processes sum are copied: this process sums its own chunk
+        # straight from its tensors (half the copying in, for two processes).
+        for j in range(self.size):
+            if j != self.index:
+                into = self._buffer((self.index - j) % self.size, c)
+                for start, end, offset, tensor in self._pieces(flat, self.chunks[j]):
+                    scaled(tensor[start - offset:end - offset], scale, into[start:end])
         self.flags["written"][self.index] = c
         self._wait(self.flags["written"], c, f"write its tensors for exchange {c}", self.pids)
-        results = self.results[c % 2]
-        for start, end, offset, tensor in self._pieces(flat, own=True):
-            self._sum(tensor[start - offset:end - offset], start, results[start:end], scale)
-        return results[self.chunk]
+        for start, end, offset, tensor in self._pieces(flat, self.chunk):
+            self._sum(tensor[start - offset:end - offset], start, c, scale)
+        return self._buffer(1, c)[self.chunk]
 
-    def _sum(self, mine: np.ndarray, start: int, total: np.ndarray, scale: float) -> None:
-        """``total`` = the sum of the processes' parts of buffer range ``start``.., in local
-        index order: this process's own part is ``mine`` x ``scale``, the others' are in their
-        slots (scaled on the way in). Block by block, so that the second pass over a block
-        reads it from the cache: each value crosses memory once, not once per pass. The first
-        two parts may be added either way round (addition is commutative, bit for bit), so
-        process 0 or 1 starts from its own part and no process allocates a scaled copy."""
-        slots, index, size, scratch = self.slots, self.index, self.size, self._scratch
+    def _sum(self, mine: np.ndarray, start: int, call: int, scale: float) -> None:
+        """Sums buffer range ``start``.. over the processes in local index order, into the
+        results buffer, where the next process's part already lies: this process's own part
+        is ``mine`` x ``scale``, the others' are in their buffers (scaled on the way in).
+        Adding into the part just read, rather than into a buffer last touched two calls ago,
+        spares the memory the fetch of every line of the sum before it is written. Block by
+        block, so that a block's passes find it in the cache. Two parts may be added either
+        way round (addition is commutative, bit for bit); three or more are added in local
+        index order in a scratch block, then stored."""
+        size, index = self.size, self.index
+        total = self._buffer(1, call)[start:start + mine.size]
+        parts = [None if k == index else
+                 self._buffer((k - index) % size, call)[start:start + mine.size]
+                 for k in range(size)]
         for lo in range(0, mine.size, _BLOCK):
             hi = min(lo + _BLOCK, mine.size)
-            out, own, parts = total[lo:hi], mine[lo:hi], slots[:, start + lo:start + hi]
-            if index <= 1:
-                scaled(own, scale, out)
-                if size > 1:
-                    out += parts[1 - index]
+            own = mine[lo:hi] if scale == 1.0 else np.multiply(
+                mine[lo:hi], scale, out=self._scaled[:hi - lo])
+            out = total[lo:hi]
+            if size == 1:
+                np.copyto(out, own)
+            elif size == 2:
+                out += own
             else:
-                np.add(parts[0], parts[1], out=out)
-            for k in range(2, size):
-                if k != index:
-                    out += parts[k]
-                elif scale == 1.0:
-                    out += own
-                else:
-                    out += np.multiply(own, scale, out=scratch[:hi - lo])
+                acc = self._acc[:hi - lo]
+                blocks = [own if part is None else part[lo:hi] for part in parts]
+                np.add(blocks[0], blocks[1], out=acc)
+                for block in blocks[2:]:
+                    acc += block
+                np.copyto(out, acc)
 
-    def _pieces(self, flat: Sequence[np.ndarray], own: bool,
+    def _pieces(self, flat: Sequence[np.ndarray], chunk: slice,
                 ) -> Iterator[tuple[int, int, int, np.ndarray]]:
-        """(start, end, offset, tensor): the buffer ranges of ``flat``'s tensors inside this
-        process's chunk (``own``) or outside it, with each tensor's offset in the buffer."""
-        first, last = self.chunk.start, self.chunk.stop
+        """(start, end, offset, tensor): the buffer ranges of ``flat``'s tensors inside
+        ``chunk``, with each tensor's offset in the buffer."""
         for offset, tensor in zip(self.offsets, flat, strict=True):
-            end = offset + tensor.size
-            ranges = ([(max(offset, first), min(end, last))] if own else
-                      [(offset, min(end, first)), (max(offset, last), end)])
-            for lo, hi in ranges:
-                if lo < hi:
-                    yield lo, hi, offset, tensor
+            lo, hi = max(offset, chunk.start), min(offset + tensor.size, chunk.stop)
+            if lo < hi:
+                yield lo, hi, offset, tensor
 
     def all_gather(self, divisor: int, chunk: np.ndarray | None = None,
                    copy: bool = True) -> list[np.ndarray]:
         """Step 3: the tensors' sums from every process's chunk, divided by ``divisor``.
-        ``chunk`` replaces this process's chunk of ``results`` (with its cross-node sum).
-        ``copy=False`` returns views of ``results``, written again two calls later."""
+        ``chunk`` replaces this process's chunk of the results (with its cross-node sum).
+        ``copy=False`` returns views of the results buffer, written again two calls later."""
         c = self.calls
-        total = self.results[c % 2, self.chunk]
+        results = self._buffer(1, c)
+        total = results[self.chunk]
         if divisor != 1:
             np.divide(total if chunk is None else chunk, divisor, out=total)
         elif chunk is not None:
             np.copyto(total, chunk)
         self.flags["reduced"][self.index] = c
         self._wait(self.flags["reduced"], c, f"write its chunk for exchange {c}", self.pids)
-        views = self._views(self.results[c % 2])
+        views = self._views(results)
         if copy:
             views = [v.copy() for v in views]
         self.flags["gathered"][self.index] = c
