@@ -488,3 +488,25 @@ def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
     finally:
         os.close(write)
     assert result.returncode == 0 and "BrokenPipe" not in result.stderr, result.stderr[-2000:]
+
+
+def test_epochs_that_only_some_seeds_reached_come_with_a_caution(tmp_path: Path) -> None:
+    path = _efficiency(tmp_path, [(16, 2.0), (32, 2.5), (64, 3.0)])
+    doc = json.loads(path.read_text())
+    doc["points"][2]["reached"] = 1  # 1 of 3 seeds at 64
+    path.write_text(json.dumps(doc))
+    curve = efficiency.load(str(path))
+    assert curve.caution(16) == "" and curve.caution(128) == ""  # all seeds; not known at all
+    for batch in (64, 48):  # at the batch, and between it and the next one down
+        assert curve.caution(batch) == (
+            "efficiency_test.json: only 1 of 3 seeds reached val_accuracy >= 0.9 at global "
+            "batch 64; the epochs there are the mean of those that did (optimistic)")
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfscale.forecast", "--machine=minicluster_1gbit",
+         "--model=resnet50_tiny", "--batch_size=16", "--nodes=1,2,4", f"--efficiency={path}",
+         f"--json={out}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "caution, epochs at global batch 64: efficiency_test.json: only 1 of 3" in proc.stdout
+    assert [bool(r.get("accuracy_caution")) for r in json.loads(out.read_text())] == [
+        False, False, True]

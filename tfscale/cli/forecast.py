@@ -146,6 +146,8 @@ def _table(rows: list[Row], curve: efficiency.EpochsCurve | None,
                           fastest=r is best)
             if epochs is None or minutes is None:
                 record["accuracy_unknown"] = (table or curve).unknown(r.global_batch)
+            elif not table and curve.caution(r.global_batch):
+                record["accuracy_caution"] = curve.caution(r.global_batch)
             line += f" {'-':>7}" if epochs is None else f" {epochs:>7.2f}"
             if table:
                 need = table.at(r.global_batch)
@@ -203,6 +205,15 @@ def _best_line(rows: list[Row], records: list[dict[str, Any]],
             "more nodes no longer shorten the run")
 
 
+def _by_reason(records: list[dict[str, Any]], key: str) -> dict[str, str]:
+    """The rows' global batches ("128 and 256") by the reason each gives under ``key``."""
+    batches: dict[str, list[str]] = {}
+    for record in records:
+        if record.get(key):
+            batches.setdefault(record[key], []).append(f"{record['global_batch']:,}")
+    return {why: " and ".join(listed) for why, listed in batches.items()}
+
+
 def run_forecast() -> int:
     machine = machines.load(_MACHINE.value)
     nodes = _positive_ints(_NODES.value, "nodes")
@@ -214,14 +225,11 @@ def run_forecast() -> int:
     print(f"== forecast: {_MODEL.value} on {machine.name} ({machine.path}), {precision}, "
           f"{rows[0].ranks // rows[0].nodes} ranks per node ==")
     print(text)
-    unknown: dict[str, list[str]] = {}
-    for record in records:
-        if record.get("accuracy_unknown"):
-            unknown.setdefault(record["accuracy_unknown"], []).append(
-                f"{record['global_batch']:,}")
     what = "accuracy or time to accuracy" if table else "epochs or time to target"
-    for why, batches in unknown.items():
-        print(f"no {what} at global batch {' and '.join(batches)}: {why}")
+    for why, batches in _by_reason(records, "accuracy_unknown").items():
+        print(f"no {what} at global batch {batches}: {why}")
+    for why, batches in _by_reason(records, "accuracy_caution").items():
+        print(f"caution, epochs at global batch {batches}: {why}")
     if curve:
         print(_best_line(rows, records, curve))
     if missing:

@@ -22,7 +22,8 @@ Between two measured batches that both reached the target, epochs are interpolat
 log(epochs) against log(global batch): both perfect scaling (constant epochs) and the regime
 where steps stop falling (epochs proportional to the batch) are straight lines there. Outside
 the measured batches, or next to a batch where the target was not reached, nothing is known
-and :meth:`EpochsCurve.unknown` says why in words; there is no extrapolation.
+and :meth:`EpochsCurve.unknown` says why in words; there is no extrapolation. Where only some
+seeds of a measured batch reached the target, :meth:`EpochsCurve.caution` says so.
 """
 
 from __future__ import annotations
@@ -82,6 +83,23 @@ class EpochsCurve:
             return (f"{name}: no seed reached {self.target} at global batch "
                     f"{missed[0].global_batch:,}, so the epochs there are not known")
         return ""
+
+    def caution(self, global_batch: int) -> str:
+        """Where the epochs at ``global_batch`` rest on a measured batch at which only some
+        seeds reached the target (their mean: the others never got there, so the figure is
+        optimistic), in words; "" otherwise, or where the epochs are not known at all."""
+        if self.unknown(global_batch):
+            return ""
+        low, high = self._around(global_batch)
+        exact = [p for p in (low, high) if p.global_batch == global_batch]
+        short = [p for p in exact or [low, high]
+                 if p.seeds is not None and p.reached is not None and p.reached < p.seeds]
+        if not short:
+            return ""
+        point = short[0]
+        return (f"{self.path.name}: only {point.reached} of {point.seeds} seeds reached "
+                f"{self.target} at global batch {point.global_batch:,}; the epochs there are "
+                "the mean of those that did (optimistic)")
 
     def epochs(self, global_batch: int) -> float | None:
         """Epochs to the target at ``global_batch`` (log-log interpolation between measured
