@@ -12,9 +12,10 @@ Efficiency = the 2-worker rate / (2 x ``alone``). Two floors bound it from above
 
 - the twin floor, the twins' rate / (2 x ``alone``): no exchange can do better;
 - the copy floor: the twin floor x step / (step + the shared-memory exchange's least time),
-  that time being the bytes it must move at this machine's copy rate (every worker copies its
-  gradients into its slot and sums its half of both slots: 2 x the gradient bytes through
-  memory, measured as ``bench.common.memcpy_gbps`` measures a copy).
+  that time being the bytes it must move at this machine's copy rate (every worker copies the
+  half of its gradients that its peer sums into shared memory and sums its own half of both:
+  2 x the gradient bytes through memory, measured as ``bench.common.memcpy_gbps`` measures a
+  copy).
 
 - the bare-exchange floor: the twin floor x step / (step + the shared-memory all-reduce of the
   same tensors alone), timed between two processes, a core each, with a step's time of work
