@@ -11,6 +11,7 @@ import pytest
 
 from bench.statistical_scaling import (
     ARMS,
+    EFFICIENCY_ARM,
     budget_steps,
     efficiency_file,
     parse_targets,
@@ -106,3 +107,22 @@ def test_perfect_scaling_ends_where_steps_fall_short_of_the_line() -> None:
 def test_targets_on_the_command_line() -> None:
     assert parse_targets("digits=0.95,textures=0.7") == {"digits": 0.95, "textures": 0.7}
     assert parse_targets("") == {}
+
+
+@pytest.mark.parametrize("dataset", ["digits", "textures"])
+def test_shipped_efficiency_files_are_the_kept_runs_of_today_s_defaults(dataset: str) -> None:
+    """The forecast's shipped files remade from the kept raw result (docs/statistical_scaling)
+    give the same points: the data, the docs' tables and the files cannot drift apart."""
+    root = Path(__file__).resolve().parents[1]
+    kept = json.loads((root / "docs" / "statistical_scaling" / "statistical_scaling.json")
+                      .read_text())
+    shipped = json.loads((root / "tfscale" / "forecast" / "data" / f"efficiency_{dataset}.json")
+                         .read_text())
+    runs = [r for r in kept["runs"] if r["dataset"] == dataset]
+    remade = efficiency_file(dataset, runs, kept["targets"][dataset], "kept")
+    assert shipped["points"] == remade["points"]
+    assert shipped["target"] == remade["target"] == {"metric": "val_accuracy",
+                                                     "value": kept["targets"][dataset]}
+    assert f"'{EFFICIENCY_ARM}' arm" in shipped["source"]
+    # Today's defaults reach the target at every batch and seed on both datasets.
+    assert all(p["reached"] == p["seeds"] == 3 for p in shipped["points"])
