@@ -99,11 +99,12 @@ def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
         expected = sum(mine[i][0][t] for i in range(size)) * 2 / 4
         for i in range(size):
             np.testing.assert_allclose(results[i][0][-2][t], expected, rtol=1e-6)
-    # The mean: each part scaled by 1 / size, then summed in local order, bit for bit.
+    # The mean: the parts summed in local order, then scaled by 1 / size, bit for bit.
     for t in range(2):
-        expected = long_inputs(0)[t] * (1.0 / size)
+        expected = long_inputs(0)[t].copy()
         for i in range(1, size):
-            expected += long_inputs(i)[t] * (1.0 / size)
+            expected += long_inputs(i)[t]
+        expected *= np.float32(1.0 / size)
         for i in range(size):
             np.testing.assert_array_equal(results[i][0][-1][t], expected)
     # Each segment's file is removed once all processes have mapped it.

@@ -27,13 +27,14 @@ Call ``c`` (every process makes the same calls in the same order):
 
 1. wait until every process has finished call ``c - 1`` (``gathered >= c - 1``), so no one
    still reads the buffers this process writes; copy each other process's chunk of the input
-   into its buffer (for a mean on one node, multiplied by 1 / processes on the way), all but
-   this process's own chunk, which only it reads; publish ``written = c``;
+   into its buffer, all but this process's own chunk, which only it reads; publish
+   ``written = c``;
 2. wait until every part is written (``written >= c``); sum chunk ``j`` of the parts in local
    index order, this process's own part taken straight from its input (each chunk is summed
    by one process, so results are bit-identical everywhere), block by block so that each
-   block's passes find it in the cache, into the results buffer where the next process's part
-   lies (a line just read is written without another fetch from memory); that is the
+   block's passes find it in the cache (for a mean on one node, each block's sum multiplied
+   by 1 / processes there), into the results buffer where the next process's part lies (a
+   line just read is written without another fetch from memory); that is the
    reduce-scatter;
 3. the all-gather: with several nodes, divide the chunk by the number of processes of the job
    for a mean (after its cross-node sum), publish ``reduced = c``, wait until every chunk is
@@ -90,17 +91,6 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def scaled(values: np.ndarray, scale: float, out: np.ndarray | None = None) -> np.ndarray:
-    """``values`` x ``scale`` (into ``out`` when given); with a scale of 1, a plain copy into
-    ``out``, or ``values`` themselves."""
-    if scale != 1.0:
-        return np.multiply(values, scale, out=out)
-    if out is None:
-        return values
-    np.copyto(out, values)
-    return out
-
-
 def available(directory: Path = SHM_DIR) -> str:
     """Why shared memory cannot carry the node phases here, or ``""`` when it can."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -144,8 +134,7 @@ class _Segment:
         self.pids = self.flags["attached"]
         self.buffers = np.ndarray((count, length), dtype, self._map, offset=header)
         self.calls = 0
-        # Blocks of this process's own part scaled, and of a sum of three or more parts.
-        self._scaled = np.empty(_BLOCK, dtype)
+        # A block of a sum of three or more parts.
         self._acc = np.empty(_BLOCK if size > 2 else 0, dtype)
         self.flags["attached"][index] = os.getpid()
         if index == 0:
@@ -196,7 +185,9 @@ class _Segment:
     def reduce_scatter(self, tensors: Sequence[np.ndarray], scale: float = 1.0) -> np.ndarray:
         """Steps 1 and 2: the node's sum of this process's chunk of the tensors laid out in a
         buffer, left in the call's results buffer (and returned as a view of it). ``scale``
-        multiplies each tensor as it is copied in: a mean without a pass over the result."""
+        multiplies each block of the sum while it is in the cache: a mean without a pass of
+        its own over the result. The parts are copied in unscaled: a plain copy (``memcpy``)
+        costs less than a multiplication into the same buffer (bench/RESULTS.md)."""
         self.calls += 1
         c = self.calls
         self._wait(self.flags["gathered"], c - 1, f"finish exchange {c - 1}", self.pids)
@@ -207,7 +198,7 @@ class _Segment:
             if j != self.index:
                 into = self._buffer((self.index - j) % self.size, c)
                 for start, end, offset, tensor in self._pieces(flat, self.chunks[j]):
-                    scaled(tensor[start - offset:end - offset], scale, into[start:end])
+                    np.copyto(into[start:end], tensor[start - offset:end - offset])
         self.flags["written"][self.index] = c
         self._wait(self.flags["written"], c, f"write its tensors for exchange {c}", self.pids)
         for start, end, offset, tensor in self._pieces(flat, self.chunk):
@@ -215,9 +206,10 @@ class _Segment:
         return self._buffer(1, c)[self.chunk]
 
     def _sum(self, mine: np.ndarray, start: int, call: int, scale: float) -> None:
-        """Sums buffer range ``start``.. over the processes in local index order, into the
-        results buffer, where the next process's part already lies: this process's own part
-        is ``mine`` x ``scale``, the others' are in their buffers (scaled on the way in).
+        """Sums buffer range ``start``.. over the processes in local index order and
+        multiplies the sum by ``scale``, into the results buffer, where the next process's
+        part already lies: this process's own part is ``mine``, the others' are in their
+        buffers.
         Adding into the part just read, rather than into a buffer last touched two calls ago,
         spares the memory the fetch of every line of the sum before it is written. Block by
         block, so that a block's passes find it in the cache. Two parts may be added either
@@ -230,19 +222,21 @@ class _Segment:
                  for k in range(size)]
         for lo in range(0, mine.size, _BLOCK):
             hi = min(lo + _BLOCK, mine.size)
-            own = mine[lo:hi] if scale == 1.0 else np.multiply(
-                mine[lo:hi], scale, out=self._scaled[:hi - lo])
-            out = total[lo:hi]
+            own, out = mine[lo:hi], total[lo:hi]
             if size == 1:
-                np.copyto(out, own)
+                np.multiply(own, scale, out=out)
             elif size == 2:
                 out += own
+                if scale != 1.0:
+                    out *= scale
             else:
                 acc = self._acc[:hi - lo]
                 blocks = [own if part is None else part[lo:hi] for part in parts]
                 np.add(blocks[0], blocks[1], out=acc)
                 for block in blocks[2:]:
                     acc += block
+                if scale != 1.0:
+                    acc *= scale
                 np.copyto(out, acc)
 
     def _pieces(self, flat: Sequence[np.ndarray], chunk: slice,
@@ -392,7 +386,7 @@ class SharedMemoryGroup:
     def _all_reduce(self, tensors: Sequence[np.ndarray], divisor: int = 1,
                     copy: bool = True) -> list[np.ndarray]:
         segment = self._segment(tensors)
-        # The mean's division is done on the way in, where the tensors are copied anyway,
-        # rather than in a pass of its own over the chunk (exact for a power-of-2 divisor).
+        # The mean's division is done on each block of the sum while it is in the cache,
+        # rather than in a pass of its own over the chunk.
         segment.reduce_scatter(tensors, 1.0 / divisor)
         return segment.all_gather(1, copy=copy)
