@@ -146,8 +146,8 @@ def _table(rows: list[Row], curve: efficiency.EpochsCurve | None,
                           fastest=r is best)
             if epochs is None or minutes is None:
                 record["accuracy_unknown"] = (table or curve).unknown(r.global_batch)
-            elif not table and curve.caution(r.global_batch):
-                record["accuracy_caution"] = curve.caution(r.global_batch)
+            elif caution := curve.caution(r.global_batch):
+                record["accuracy_caution"] = caution
             line += f" {'-':>7}" if epochs is None else f" {epochs:>7.2f}"
             if table:
                 need = table.at(r.global_batch)

@@ -209,12 +209,11 @@ class _Segment:
         """Sums buffer range ``start``.. over the processes in local index order and
         multiplies the sum by ``scale``, into the results buffer, where the next process's
         part already lies: this process's own part is ``mine``, the others' are in their
-        buffers.
-        Adding into the part just read, rather than into a buffer last touched two calls ago,
-        spares the memory the fetch of every line of the sum before it is written. Block by
-        block, so that a block's passes find it in the cache. Two parts may be added either
-        way round (addition is commutative, bit for bit); three or more are added in local
-        index order in a scratch block, then stored."""
+        buffers. Adding into the part just read, rather than into a buffer last touched two
+        calls ago, spares the memory the fetch of every line of the sum before it is written.
+        Block by block, so that a block's passes find it in the cache. Two parts may be added
+        either way round (addition is commutative, bit for bit); three or more are added in
+        local index order in a scratch block, then stored."""
         size, index = self.size, self.index
         total = self._buffer(1, call)[start:start + mine.size]
         parts = [None if k == index else

@@ -68,6 +68,12 @@ class EpochsCurve:
                 return low, high
         return self.points[0], self.points[0]
 
+    def _resting_on(self, global_batch: int) -> list[Point]:
+        """The measured points the epochs at ``global_batch`` come from: that batch's, or the
+        two around it (inside the range)."""
+        low, high = self._around(global_batch)
+        return [p for p in (low, high) if p.global_batch == global_batch] or [low, high]
+
     def unknown(self, global_batch: int) -> str:
         """Why the curve knows no epochs at ``global_batch``, in words; "" when it does."""
         name, first, last = self.path.name, self.points[0], self.points[-1]
@@ -76,9 +82,7 @@ class EpochsCurve:
                     else f"below {first.global_batch:,}, the smallest")
             return (f"{name} measured no global batch {side} it has, so the epochs to "
                     f"{self.target} there are not known (no extrapolation)")
-        low, high = self._around(global_batch)
-        exact = [p for p in (low, high) if p.global_batch == global_batch]
-        missed = [p for p in exact or [low, high] if p.epochs is None]
+        missed = [p for p in self._resting_on(global_batch) if p.epochs is None]
         if missed:
             return (f"{name}: no seed reached {self.target} at global batch "
                     f"{missed[0].global_batch:,}, so the epochs there are not known")
@@ -90,9 +94,7 @@ class EpochsCurve:
         optimistic), in words; "" otherwise, or where the epochs are not known at all."""
         if self.unknown(global_batch):
             return ""
-        low, high = self._around(global_batch)
-        exact = [p for p in (low, high) if p.global_batch == global_batch]
-        short = [p for p in exact or [low, high]
+        short = [p for p in self._resting_on(global_batch)
                  if p.seeds is not None and p.reached is not None and p.reached < p.seeds]
         if not short:
             return ""
