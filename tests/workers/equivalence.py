@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -50,6 +51,7 @@ class Counts:
     def __init__(self) -> None:
         self.values = {name: tf.Variable(0, dtype=tf.int64, trainable=False)
                        for name in ("forward_passes", "largest_forward_batch", "allreduces")}
+        self.divisors: set[int] = set()
 
     def count_forward(self, model: keras.Model) -> None:
         call = model.call
@@ -72,6 +74,7 @@ class Counts:
 
             def counted_exchange(*args, **kwargs):  # type: ignore[no-untyped-def]
                 self.exchanges += 1
+                self.divisors.add(int(kwargs.get("divisor", 1)))
                 return exchange(*args, **kwargs)
 
             node.all_reduce = counted_exchange
@@ -89,9 +92,12 @@ class Counts:
 
     exchanges = 0
 
-    def to_dict(self) -> dict[str, int]:
-        counts = {name: int(v.numpy()) for name, v in self.values.items()}
+    def to_dict(self) -> dict[str, Any]:
+        counts: dict[str, Any] = {name: int(v.numpy()) for name, v in self.values.items()}
         counts["allreduces"] += self.exchanges
+        # The shared-memory exchange's divisors: [1] where the step sums (the mean then comes
+        # from a divided loss), [workers] where the exchange divides.
+        counts["exchange_divisors"] = sorted(self.divisors)
         return counts
 
 

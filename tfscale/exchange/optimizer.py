@@ -26,6 +26,7 @@ Reduce = Callable[[list[Any]], list[Any]]
 def with_gradient_reduction(
     optimizer: keras.optimizers.Optimizer, reduce: Reduce, backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = False, gradient_lag: int = 0,
+    summed: Reduce | None = None, workers: int = 1,
 ) -> keras.optimizers.Optimizer:
     """Makes ``optimizer`` pass its gradients through ``reduce`` before applying them.
 
@@ -45,6 +46,16 @@ def with_gradient_reduction(
     only on a variable written by the previous step, not on this step's backward pass, so
     the graph runs it alongside this step's forward and backward pass. The first step applies
     zero gradients (it only primes the lag); the last step's gradients are never applied.
+
+    ``summed``, the sum over the ``workers`` that ``reduce`` averages over, spares the mean its
+    pass over the gradients: where the training step divides its loss through
+    ``optimizer.scale_loss`` (Keras' own ``train_step`` and tfscale's accumulating one do), the
+    wrapper divides it by ``workers`` too, and that step's gradients, already divided, are
+    summed. The result is the mean: bit for bit when ``workers`` is a power of two (a division
+    by 2**k commutes with every rounding of the backward pass), within float32 rounding
+    otherwise. A step that does not call ``scale_loss`` (a custom loop's ``apply_gradients``)
+    gets ``reduce``'s mean, as does every step under a lag (its pending gradients are saved
+    averaged, :func:`averaged_lag_gradients`).
 
     Raises:
         ValueError: if ``optimizer`` already reduces, ``backward_passes_per_step`` < 1,
@@ -66,30 +77,59 @@ def with_gradient_reduction(
         raise ValueError("gradient_lag does not combine with a LossScaleOptimizer: a lagged "
                          "gradient would be unscaled with the next step's loss scale")
 
+    if workers < 1:
+        raise ValueError(f"workers={workers}; must be >= 1")
     if not gradient_lag:  # a lagged exchange overlaps the next step: nothing is waited for
         reduce = timing.timed(reduce)
+        summed = None if summed is None or workers == 1 else timing.timed(summed)
+    else:
+        summed = None
+    reduce_present = _skipping_none(reduce)
+    sum_present = None if summed is None else _skipping_none(summed)
 
-    def reduce_present(grads: list[Any]) -> list[Any]:
-        present = [g for g in grads if g is not None]
-        reduced = iter(reduce(present)) if present else iter(())
-        return [None if g is None else next(reduced) for g in grads]
+    def scale_loss(self: Any, loss: Any) -> Any:
+        loss = base.scale_loss(self, loss)
+        if sum_present is None:
+            return loss
+        import tensorflow as tf
+
+        # Read by this trace's apply: its gradients come from the divided loss.
+        self._tfscale_divided_in = tf.compat.v1.get_default_graph()
+        return loss * tf.cast(1.0 / workers, loss.dtype)
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        import tensorflow as tf
+
         grads = list(grads)
         if gradient_lag:
             return _lagged_apply(self, base, grads, trainable_variables, reduce_present)
+        divided = self.__dict__.pop("_tfscale_divided_in", None)
+        step_reduce = (sum_present if sum_present is not None
+                       and divided is tf.compat.v1.get_default_graph() else reduce_present)
         if backward_passes_per_step == 1:
-            return base.apply(self, reduce_present(grads), trainable_variables)
-        return _accumulate_then_apply(self, base, grads, trainable_variables, reduce_present,
+            return base.apply(self, step_reduce(grads), trainable_variables)
+        return _accumulate_then_apply(self, base, grads, trainable_variables, step_reduce,
                                       backward_passes_per_step, average_aggregated_gradients)
 
-    cls = type(base.__name__, (base,), {"apply": apply, "_tfscale_reducing": True,
+    cls = type(base.__name__, (base,), {"apply": apply, "scale_loss": scale_loss,
+                                        "_tfscale_reducing": True,
                                         "_tfscale_lag": gradient_lag,
                                         "_tfscale_reduce": staticmethod(reduce_present),
                                         "__module__": base.__module__,
                                         "__qualname__": base.__qualname__})
     optimizer.__class__ = cls
     return optimizer
+
+
+def _skipping_none(reduce: Reduce) -> Reduce:
+    """``reduce`` for a list of gradients with None where a variable has none."""
+
+    def reduce_present(grads: list[Any]) -> list[Any]:
+        present = [g for g in grads if g is not None]
+        reduced = iter(reduce(present)) if present else iter(())
+        return [None if g is None else next(reduced) for g in grads]
+
+    return reduce_present
 
 
 def _lagged_apply(optimizer: Any, base: Any, grads: list[Any], trainable_variables: Any,

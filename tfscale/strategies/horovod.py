@@ -289,8 +289,12 @@ class HorovodStrategy(Strategy):
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         if self.reduce is not None:
+            # The mean as a sum of gradients from a loss divided by the workers: the sum skips
+            # the pass that a mean's division makes over the gradients (bench/RESULTS.md).
             return with_gradient_reduction(optimizer, self.reduce,
-                                           gradient_lag=self.config.gradient_lag)
+                                           gradient_lag=self.config.gradient_lag,
+                                           summed=self.reduce.sum,
+                                           workers=self.reduce.topology.size)
         hvd = self.comm.hvd
         # Horovod's transport, as gradient_reduction chose (not the users' node exchange).
         reduce = horovod_allreduce(hvd, compression=hvd.Compression.fp16
