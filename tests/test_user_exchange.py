@@ -60,5 +60,7 @@ def test_user_script_exchanges_through_shared_memory_and_equals_one_process(
     assert logs[0]["history"] == logs[1]["history"]
     if style == "horovod":
         for log in logs:
+            # The exchange sums the gradients of a loss that Keras' step divided by 2.
+            assert log["exchange_divisors"] == [1], log
             assert (log["allreduce"], log["mean"], log["max"], log["broadcast"]) == (
                 3.0, 0.5, 5, 6.0)

@@ -66,6 +66,7 @@ def horovod_style(out: Path) -> dict[str, Any]:
     net = model()
     if rank == 0:
         np.savez(out / "initial.npz", *net.get_weights())
+    divisors = _record_divisors(runtime.node_reduction())
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM))
     net.compile(optimizer=opt, **compile_args())
     x, y = data()
@@ -78,12 +79,29 @@ def horovod_style(out: Path) -> dict[str, Any]:
         "weights": net.get_weights(), "history": history.history,
         "plan": runtime.exchange_plan().describe(),
         "segments": 0 if reduce is None or reduce.node is None else len(reduce.node._segments),
+        "exchange_divisors": sorted(divisors),
         "allreduce": float(hvd.allreduce(np.float32(rank + 1), op=hvd.Sum).numpy()),
         "mean": float(hvd.allreduce(np.float64(rank)).numpy()),
         "max": int(hvd.allreduce(np.int32(rank + 4), op=hvd.Max).numpy()),
         "broadcast": float(hvd.broadcast(np.float32(rank + 5), root_rank=1).numpy()),
         "rank": rank,
     }
+
+
+def _record_divisors(reduce: Any) -> set[int]:
+    """The divisors of the gradients' shared-memory exchanges from now on: {1} where Keras'
+    step divides the loss and the exchange sums, {workers} where the exchange divides."""
+    divisors: set[int] = set()
+    if reduce is None or reduce.node is None:
+        return divisors
+    exchange = reduce.node.all_reduce
+
+    def recorded(*tensors: Any, **kwargs: Any) -> Any:
+        divisors.add(int(kwargs.get("divisor", 1)))
+        return exchange(*tensors, **kwargs)
+
+    reduce.node.all_reduce = recorded
+    return divisors
 
 
 def mwms_style(out: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from tfscale.exchange import horovod_runtime as runtime
 from tfscale.exchange import setup as exchange
+from tfscale.exchange.hierarchical import HierarchicalAllReduce
 from tfscale.exchange.horovod_runtime import HorovodCollectives, import_horovod
 from tfscale.exchange.optimizer import (
     Reduce,
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from tfscale.exchange.hierarchical import HierarchicalAllReduce
     from tfscale.exchange.placement import ExchangePlan
 
 
@@ -245,8 +245,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
                                process_set)
     op = hvd.Average if op is None else op
     shared = _shared_reduction(hvd, op, compression, process_set) if node_exchange else None
+    # A mean through the node exchange: a step of Keras' own divides its loss by the workers
+    # and the exchange sums, which spares the mean's pass over the gradients (a custom loop
+    # that does not call ``optimizer.scale_loss`` keeps the exchange's mean).
+    mean = shared if isinstance(shared, HierarchicalAllReduce) else None
     return with_gradient_reduction(optimizer, shared or reduce, backward_passes_per_step,
-                                   average_aggregated_gradients, gradient_lag)
+                                   average_aggregated_gradients, gradient_lag,
+                                   summed=None if mean is None else mean.sum,
+                                   workers=1 if mean is None else mean.topology.size)
 
 
 def _shared_reduction(hvd: Any, op: Any, compression: Any, process_set: Any) -> Reduce | None:
