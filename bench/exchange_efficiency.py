@@ -49,7 +49,7 @@ GRADIENT_MB = sum(math.prod(shape) for shape in MLP_SHAPES) * 4 / 1e6
 
 
 def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
-                 out: Any, module: str | None = None) -> None:
+                 out: Any, module: str | None = None, divisor: int = 1) -> None:
     import numpy as np
 
     if module is None:
@@ -72,24 +72,27 @@ def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
         while time.perf_counter() < end:  # the step's work: the core busy, memory left idle
             pass
         start = time.perf_counter()
-        group.all_reduce(*tensors, divisor=2, copy=False)
+        group.all_reduce(*tensors, divisor=divisor, copy=False)
         if call >= 20:
             times.append(time.perf_counter() - start)
     out.put(statistics.median(times) * 1000.0)
 
 
 def bare_exchange_ms(cores: list[int], gap_ms: float, calls: int = 200,
-                     module: str | None = None) -> float:
+                     module: str | None = None, divisor: int = 1) -> float:
     """The shared-memory all-reduce of mlp's gradients between two processes on ``cores``,
     ``gap_ms`` of work between calls: its median time, the slower process's (``module``: the
-    file of another version of :mod:`tfscale.exchange.shared_memory` to time instead)."""
+    file of another version of :mod:`tfscale.exchange.shared_memory` to time instead).
+    ``divisor`` 1, a sum, is what both strategies run: horovod's mean comes from a loss
+    divided by the workers (:func:`tfscale.exchange.optimizer.with_gradient_reduction`)."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     key = f"bench{os.getpid()}-{time.monotonic_ns()}"
     procs = [context.Process(target=_bare_worker,
-                             args=(i, cores[i], key, gap_ms, calls, out, module))
+                             args=(i, cores[i], key, gap_ms, calls, out, module,
+                                   divisor))
              for i in range(2)]
     for p in procs:
         p.start()
