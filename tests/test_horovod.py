@@ -49,6 +49,18 @@ def test_one_step_equals_single_process_on_combined_batch(exchange: str, transpo
     assert logged[0] == pytest.approx(logged[1], abs=1e-5)
 
 
+def test_micro_batches_of_divided_losses_sum_to_one_process_on_all_of_them(
+        tmp_path: Path) -> None:
+    # The accumulating step divides each micro-batch's loss by the workers (scale_loss), and
+    # the exchange sums once per step: 2 workers x 2 micro-batches x 4 equal one process x 16.
+    _horovod_workers(tmp_path / "hvd", 2, 4, "--grad_accum_steps=2",
+                     "--node_exchange=shared_memory")
+    distributed = assert_replicas_equal(tmp_path / "hvd", 2)
+    counts = json.loads((tmp_path / "hvd" / "rank0.json").read_text())
+    assert counts["exchange_divisors"] == [1]
+    assert max_abs_diff(distributed, reference(tmp_path / "ref", batch=16, steps=2)) < 1e-5
+
+
 def test_workers_stay_identical_over_several_steps(tmp_path: Path) -> None:
     _horovod_workers(tmp_path / "hvd", steps=5, batch=3)
     distributed = assert_replicas_equal(tmp_path / "hvd", 2)
