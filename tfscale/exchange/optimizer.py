@@ -81,11 +81,10 @@ def with_gradient_reduction(
         raise ValueError(f"workers={workers}; must be >= 1")
     if not gradient_lag:  # a lagged exchange overlaps the next step: nothing is waited for
         reduce = timing.timed(reduce)
-        summed = None if summed is None or workers == 1 else timing.timed(summed)
-    else:
-        summed = None
     reduce_present = _skipping_none(reduce)
-    sum_present = None if summed is None else _skipping_none(summed)
+    # A lag keeps the mean, and one worker has nothing to divide.
+    sum_present = (None if summed is None or workers == 1 or gradient_lag
+                   else _skipping_none(timing.timed(summed)))
 
     def scale_loss(self: Any, loss: Any) -> Any:
         loss = base.scale_loss(self, loss)

@@ -18,10 +18,8 @@ import numpy as np
 
 from tfscale.exchange import horovod_runtime as runtime
 from tfscale.exchange import setup as exchange
-from tfscale.exchange.hierarchical import HierarchicalAllReduce
 from tfscale.exchange.horovod_runtime import HorovodCollectives, import_horovod
 from tfscale.exchange.optimizer import (
-    Reduce,
     horovod_allreduce,
     with_gradient_reduction,
 )
@@ -30,6 +28,7 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+    from tfscale.exchange.hierarchical import HierarchicalAllReduce
     from tfscale.exchange.placement import ExchangePlan
 
 
@@ -244,24 +243,30 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
     reduce = horovod_allreduce(hvd, op, compression, sparse_as_dense, gradient_predivide_factor,
                                process_set)
     op = hvd.Average if op is None else op
-    shared = _shared_reduction(hvd, op, compression, process_set) if node_exchange else None
-    # A mean through the node exchange: a step of Keras' own divides its loss by the workers
-    # and the exchange sums, which spares the mean's pass over the gradients (a custom loop
-    # that does not call ``optimizer.scale_loss`` keeps the exchange's mean).
-    mean = shared if isinstance(shared, HierarchicalAllReduce) else None
-    return with_gradient_reduction(optimizer, shared or reduce, backward_passes_per_step,
+    shared = _shared_reduction(hvd, compression, process_set) if node_exchange else None
+    if shared is None:
+        return with_gradient_reduction(optimizer, reduce, backward_passes_per_step,
+                                       average_aggregated_gradients, gradient_lag)
+    if op != hvd.Average:
+        return with_gradient_reduction(optimizer, shared.sum, backward_passes_per_step,
+                                       average_aggregated_gradients, gradient_lag)
+    # A mean: a step of Keras' own divides its loss by the workers and the exchange sums,
+    # which spares the mean's pass over the gradients (a custom loop that does not call
+    # ``optimizer.scale_loss`` keeps the exchange's mean).
+    return with_gradient_reduction(optimizer, shared, backward_passes_per_step,
                                    average_aggregated_gradients, gradient_lag,
-                                   summed=None if mean is None else mean.sum,
-                                   workers=1 if mean is None else mean.topology.size)
+                                   summed=shared.sum, workers=shared.topology.size)
 
 
-def _shared_reduction(hvd: Any, op: Any, compression: Any, process_set: Any) -> Reduce | None:
-    """The gradients' reduction through the job's node exchange, as ``tfscale.train``'s
-    ``horovod`` strategy sets it up (:func:`tfscale.scripts.horovod_api.node_reduction`: shared
-    memory inside each node where every rank of it sees the same ``/dev/shm``), or None where
-    Horovod's ``grouped_allreduce`` carries them: another process set than the whole job's, a
-    compression other than none or fp16, or no node exchange. A collective when the process
-    set is the whole job's (every rank wraps its optimizer)."""
+def _shared_reduction(hvd: Any, compression: Any, process_set: Any,
+                      ) -> HierarchicalAllReduce | None:
+    """The gradients' reduction through the job's node exchange (its mean; ``.sum`` sums), as
+    ``tfscale.train``'s ``horovod`` strategy sets it up
+    (:func:`tfscale.scripts.horovod_api.node_reduction`: shared memory inside each node where
+    every rank of it sees the same ``/dev/shm``), or None where Horovod's ``grouped_allreduce``
+    carries them: another process set than the whole job's, a compression other than none or
+    fp16, or no node exchange. A collective when the process set is the whole job's (every rank
+    wraps its optimizer)."""
     fp16 = compression is hvd.Compression.fp16
     whole_job = process_set is None or process_set is hvd.global_process_set
     if not whole_job or not (fp16 or compression in (None, hvd.Compression.none)):
@@ -271,8 +276,7 @@ def _shared_reduction(hvd: Any, op: Any, compression: Any, process_set: Any) -> 
         return None
     # Transient: the optimizer applies the reduced gradients within the step. A predivide
     # factor only moves where Horovod divides; the mean is the same.
-    reduce = exchange.transient(reduce, fp16, "tfscale.horovod")
-    return reduce if op == hvd.Average else reduce.sum
+    return exchange.transient(reduce, fp16, "tfscale.horovod")
 
 
 def load_model(filepath: str, custom_optimizers: list[type] | None = None,
