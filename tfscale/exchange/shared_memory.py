@@ -211,23 +211,29 @@ class _Segment:
         part already lies: this process's own part is ``mine``, the others' are in their
         buffers. Adding into the part just read, rather than into a buffer last touched two
         calls ago, spares the memory the fetch of every line of the sum before it is written.
-        Block by block, so that a block's passes find it in the cache. Two parts may be added
+        Where that takes several passes (a scale, or three or more parts), block by block, so
+        that a block's passes find it in the cache; a single pass (one process, or two and no
+        scale: the sum that both strategies run) goes over the range at once, since blocks
+        would only add a Python iteration each (bench/RESULTS.md). Two parts may be added
         either way round (addition is commutative, bit for bit); three or more are added in
         local index order in a scratch block, then stored."""
         size, index = self.size, self.index
         total = self._buffer(1, call)[start:start + mine.size]
+        if size == 1:
+            np.multiply(mine, scale, out=total)
+            return
+        if size == 2 and scale == 1.0:
+            total += mine
+            return
         parts = [None if k == index else
                  self._buffer((k - index) % size, call)[start:start + mine.size]
                  for k in range(size)]
         for lo in range(0, mine.size, _BLOCK):
             hi = min(lo + _BLOCK, mine.size)
             own, out = mine[lo:hi], total[lo:hi]
-            if size == 1:
-                np.multiply(own, scale, out=out)
-            elif size == 2:
+            if size == 2:
                 out += own
-                if scale != 1.0:
-                    out *= scale
+                out *= scale
             else:
                 acc = self._acc[:hi - lo]
                 blocks = [own if part is None else part[lo:hi] for part in parts]
