@@ -31,11 +31,11 @@ Call ``c`` (every process makes the same calls in the same order):
    ``written = c``;
 2. wait until every part is written (``written >= c``); sum chunk ``j`` of the parts in local
    index order, this process's own part taken straight from its input (each chunk is summed
-   by one process, so results are bit-identical everywhere), block by block so that each
-   block's passes find it in the cache (for a mean on one node, each block's sum multiplied
-   by 1 / processes there), into the results buffer where the next process's part lies (a
-   line just read is written without another fetch from memory); that is the
-   reduce-scatter;
+   by one process, so results are bit-identical everywhere), in one pass where one pass
+   does it (two processes' sum), else block by block so that each block's passes find it in
+   the cache (for a mean on one node, each block's sum multiplied by 1 / processes there),
+   into the results buffer where the next process's part lies (a line just read is written
+   without another fetch from memory); that is the reduce-scatter;
 3. the all-gather: with several nodes, divide the chunk by the number of processes of the job
    for a mean (after its cross-node sum), publish ``reduced = c``, wait until every chunk is
    in (``reduced >= c``), publish ``gathered = c`` and return views of the results buffer.
