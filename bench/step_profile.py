@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, cpu_description, save, table
+from bench.exchange_efficiency import MLP
 
-MLP = ["--model=mlp", "--image_size=32", "--batch_size=64", "--learning_rate=0.01"]
-BATCH = 64
+# Images per worker and step, from the flags (the step time comes from job-wide images/s).
+BATCH = int(next(f.split("=", 1)[1] for f in MLP if f.startswith("--batch_size=")))
 JIT = "(JIT-compiled code)"
 # "  12.34%  libc.so.6   [.] __memmove_avx512_unaligned_erms": share, library, kind, symbol
 # (libraries can hold spaces, "[JIT] tid 123"; columns are two or more spaces apart).
