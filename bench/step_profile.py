@@ -12,7 +12,12 @@ still samples the CPU clock). For ``mlp`` (32 px, 1000 classes, batch 64 per wor
 Each function's share of the samples times the step time of its run (from the progress lines
 printed while it was sampled) is its milliseconds per step; the table shows the functions
 whose time grew most from one process to the worker, and the totals by library. Code that a
-JIT compiled (oneDNN's kernels) has no symbols and is counted as one entry.
+JIT compiled (oneDNN's kernels) has no symbols and is counted as one entry. A third table
+names the TensorFlow op whose kernel each sample ran under (the nearest ``...Op::Compute`` in
+its call stack): Eigen's element-wise kernels all show as the same unreadable
+``std::_Function_handler<...TensorExecutor...>`` by function, and their op says which they
+are (on an AMD EPYC the worker's largest addition was ``ApplyKerasMomentumOp``, the update).
+JIT-compiled code and Python keep no frame pointers, so their samples name no op.
 
     python -m bench.step_profile [--strategy horovod --seconds 6]
 
@@ -49,6 +54,10 @@ JIT = "(JIT-compiled code)"
 # (libraries can hold spaces, "[JIT] tid 123"; columns are two or more spaces apart).
 _LINE = re.compile(r"^\s*([\d.]+)%\s+(.+?)\s{2,}\[([.kg])\]\s+(.*?)\s*$")
 _RATE = re.compile(r"step (\d+)/\d+ .*?([\d.]+) images/s")
+# A kernel's frame in a call stack: "tensorflow::ApplyKerasMomentumOp<...>::Compute(...)",
+# "tensorflow::(anonymous namespace)::FooOp::Compute", "tensorflow::functor::BarOp<...>::Compute".
+_OP = re.compile(r"tensorflow::(?:\w+::|\(anonymous namespace\)::)*(\w+Op)(?:<.*?>)?::Compute")
+NO_OP = "(no TensorFlow op in the stack)"
 
 
 def parse_report(text: str) -> dict[tuple[str, str], float]:
@@ -64,6 +73,19 @@ def parse_report(text: str) -> dict[tuple[str, str], float]:
             dso, symbol = JIT, JIT
         shares[(dso.strip(), symbol)] += float(share) / 100.0
     return dict(shares)
+
+
+def parse_ops(text: str) -> dict[str, float]:
+    """``perf script -F ip,sym`` of a profile recorded with call stacks -> {op: share}: each
+    sample counted for the innermost TensorFlow kernel (``...Op::Compute``) in its stack, or
+    for :data:`NO_OP`; shares as fractions of all samples."""
+    counts: collections.Counter[str] = collections.Counter()
+    for sample in re.split(r"\n\s*\n", text):
+        frames = [line for line in sample.splitlines() if line.strip()]
+        if frames:
+            counts[next((m.group(1) for m in map(_OP.search, frames) if m), NO_OP)] += 1
+    total = sum(counts.values())
+    return {op: n / total for op, n in counts.items()} if total else {}
 
 
 def step_ms_from(lines: Sequence[str], workers: int) -> float:
@@ -137,37 +159,44 @@ def profile_run(flags: Sequence[str], workers: int, seconds: float, log_every: i
             time.sleep(2.0)  # past the first windows' one-time work
             first = len(lines)
             data = Path(tmp) / "perf.data"
-            subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "2000", "-p",
+            subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "2000", "-g", "-p",
                             str(pid), "-o", str(data), "--", "sleep", str(seconds)],
                            check=True, capture_output=True)
             time.sleep(0.5)
             sampled = lines[first:]
-            report = subprocess.run(["perf", "report", "-i", str(data), "--no-children",
-                                     "--sort", "dso,sym", "--stdio"], check=True,
+            report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "-g",
+                                     "none", "--sort", "dso,sym", "--stdio"], check=True,
                                     capture_output=True, text=True).stdout
+            stacks = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym"],
+                                    check=True, capture_output=True, text=True).stdout
         finally:
             _kill_tree(proc)
-        return {"step_ms": step_ms_from(sampled, workers), "shares": parse_report(report)}
+        return {"step_ms": step_ms_from(sampled, workers), "shares": parse_report(report),
+                "ops": parse_ops(stacks)}
 
 
 def compare(alone: dict[str, Any], worker: dict[str, Any], top: int = 12,
             ) -> dict[str, list[dict[str, Any]]]:
-    """The functions and libraries whose milliseconds per step grew most from ``alone`` to
-    ``worker`` (each ``profile_run``'s result)."""
-    def per_step(run: dict[str, Any], by_library: bool) -> dict[str, float]:
+    """The functions, libraries and TensorFlow ops whose milliseconds per step grew most from
+    ``alone`` to ``worker`` (each ``profile_run``'s result; ``ops`` may be absent)."""
+    def per_step(run: dict[str, Any], by: str) -> dict[str, float]:
         out: dict[str, float] = collections.defaultdict(float)
+        if by == "ops":
+            for op, share in run.get("ops", {}).items():
+                out[op] += share * run["step_ms"]
+            return out
         for (dso, symbol), share in run["shares"].items():
-            out[dso if by_library else f"{symbol} ({dso})"] += share * run["step_ms"]
+            out[dso if by == "libraries" else f"{symbol} ({dso})"] += share * run["step_ms"]
         return out
 
     result = {}
-    for name, by_library in (("functions", False), ("libraries", True)):
-        one, two = per_step(alone, by_library), per_step(worker, by_library)
+    for by in ("functions", "libraries", "ops"):
+        one, two = per_step(alone, by), per_step(worker, by)
         keys = sorted(set(one) | set(two), key=lambda k: one.get(k, 0.0) - two.get(k, 0.0))
-        result[name] = [{"where": k[:110], "one process ms": one.get(k, 0.0),
-                         "worker ms": two.get(k, 0.0),
-                         "more ms": two.get(k, 0.0) - one.get(k, 0.0)}
-                        for k in (keys[:top] if not by_library else keys)]
+        result[by] = [{"where": k[:110], "one process ms": one.get(k, 0.0),
+                       "worker ms": two.get(k, 0.0),
+                       "more ms": two.get(k, 0.0) - one.get(k, 0.0)}
+                      for k in (keys if by == "libraries" else keys[:top])]
     return result
 
 
@@ -192,6 +221,8 @@ def main() -> None:
           f"{args.strategy} x2, one worker: {worker['step_ms']:.2f} ms a step\n")
     print("By function (most added first):\n" + table(rows["functions"], columns))
     print("\nBy library:\n" + table(rows["libraries"], columns))
+    print("\nBy TensorFlow op (the kernel each sample ran under):\n"
+          + table(rows["ops"], columns))
 
 
 if __name__ == "__main__":

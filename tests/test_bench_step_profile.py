@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.step_profile import JIT, compare, parse_report, step_ms_from
+from bench.step_profile import JIT, NO_OP, compare, parse_ops, parse_report, step_ms_from
 
 REPORT = """\
 # Samples: 11K of event 'cpu-clock'
@@ -54,3 +54,39 @@ def test_comparison_puts_what_grew_most_first_in_milliseconds_per_step() -> None
     libraries = [(r["where"], round(r["more ms"], 6)) for r in rows["libraries"]]
     assert libraries == [(JIT, 0.5), ("numpy.so", 0.4), ("libc.so.6", 0.2)]
     assert rows["libraries"][1]["one process ms"] == 0.0  # not in the one-process profile
+
+
+# perf script -F ip,sym of four samples, innermost frame first (as perf prints them).
+_CONTEXT = "(tensorflow::OpKernelContext*)"
+_UPDATE = f"tensorflow::ApplyKerasMomentumOp<Eigen::ThreadPoolDevice, float>::Compute{_CONTEXT}"
+_ADD = ("tensorflow::BinaryOp<Eigen::ThreadPoolDevice, tensorflow::functor::add<float> >"
+        f"::Compute{_CONTEXT}")
+_SAMPLES = [
+    ["std::_Function_handler<void (long, long), Eigen::internal::TensorExecutor<...>",
+     "tensorflow::functor::ApplyKerasMomentum<Eigen::ThreadPoolDevice, float>::operator()",
+     _UPDATE, "tensorflow::ThreadPoolDevice::Compute(tensorflow::OpKernel*, ...)"],
+    ["Eigen::internal::EvalRange<...>::run", _ADD, _UPDATE],
+    ["[unknown]", "[unknown]"],
+    ["FLOAT_add_X86_V3", "generic_wrapped_legacy_loop"],
+]
+STACKS = "\n" + "".join(
+    "".join(f"\t    7f3a2b1c{k:04x} {frame}\n" for k, frame in enumerate(sample)) + "\n"
+    for sample in _SAMPLES)
+
+
+def test_samples_count_for_the_innermost_tensorflow_kernel_in_their_stack() -> None:
+    ops = parse_ops(STACKS)
+    # The second sample ran in the add's kernel, the op nearest its leaf; the JIT'd and the
+    # NumPy sample name no op.
+    assert ops == {"ApplyKerasMomentumOp": 0.25, "BinaryOp": 0.25, NO_OP: 0.5}
+    assert parse_ops("\n\n") == {}
+
+
+def test_ops_are_compared_like_functions_when_both_runs_have_them() -> None:
+    alone = {"step_ms": 10.0, "shares": {}, "ops": {"ApplyKerasMomentumOp": 0.08, NO_OP: 0.92}}
+    worker = {"step_ms": 12.5, "shares": {}, "ops": {"ApplyKerasMomentumOp": 0.12, NO_OP: 0.88}}
+    rows = compare(alone, worker)["ops"]
+    # The update: 0.12 x 12.5 - 0.08 x 10 = +0.7 ms; the rest: 11 - 9.2 = +1.8 ms.
+    assert [(r["where"], round(r["more ms"], 6)) for r in rows] == [
+        (NO_OP, 1.8), ("ApplyKerasMomentumOp", 0.7)]
+    assert compare({"step_ms": 1.0, "shares": {}}, {"step_ms": 1.0, "shares": {}})["ops"] == []
