@@ -16,8 +16,9 @@ JIT compiled (oneDNN's kernels) has no symbols and is counted as one entry. A th
 names the TensorFlow op whose kernel each sample ran under (the nearest ``...Op::Compute`` in
 its call stack): Eigen's element-wise kernels all show as the same unreadable
 ``std::_Function_handler<...TensorExecutor...>`` by function, and their op says which they
-are (on an AMD EPYC the worker's largest addition was ``ApplyKerasMomentumOp``, the update).
-JIT-compiled code and Python keep no frame pointers, so their samples name no op.
+are (on an AMD EPYC, of the kernels that name their op, ``ApplyKerasMomentumOp``, the
+update, grew most). JIT-compiled code and Python keep no frame pointers, so their samples
+name no op. Recording call stacks (``-g``) adds to the sampling's cost; both runs pay it.
 
     python -m bench.step_profile [--strategy horovod --seconds 6]
 
