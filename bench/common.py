@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,12 +29,13 @@ def in_round_order(items: Sequence[T], round_: int) -> list[T]:
 
 
 def train(flags: Sequence[str], cores: Sequence[int] | None = None,
-          timeout: float = 1800) -> dict[str, Any]:
+          timeout: float = 1800, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Runs ``python -m tfscale.train FLAGS`` in a fresh model_dir; returns its results.json.
 
     Args:
         flags: tfscale.train flags (without --model_dir).
         cores: CPU cores the job (and its workers) may use; default all.
+        env: variables set for the run on top of this process's environment.
     """
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "tfscale.train", *flags, f"--model_dir={tmp}/run",
@@ -42,7 +43,7 @@ def train(flags: Sequence[str], cores: Sequence[int] | None = None,
         pin: Callable[[], None] | None = (
             (lambda: os.sched_setaffinity(0, set(cores))) if cores else None)
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout, preexec_fn=pin)
+                              timeout=timeout, preexec_fn=pin, env={**os.environ, **(env or {})})
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stdout[-2000:]}"
                                f"\n{proc.stderr[-2000:]}")

@@ -6,7 +6,10 @@ classes) for a step of about 10 milliseconds on one core. Each round runs, in al
 - ``alone``: one process of ``tfscale.train`` on one core, the baseline;
 - ``twin``: two such processes at once, one per core, exchanging nothing: what running two
   workers side by side costs before any exchange (shared memory bandwidth, caches, clock);
-- each strategy on 2 workers (``--num_processes=2 --cpu_binding``: a core each).
+- each strategy on 2 workers (``--num_processes=2 --cpu_binding``: a core each);
+- with ``--numpy_function``, each strategy again with its exchange in ``tf.numpy_function``
+  (``TFSCALE_NATIVE_EXCHANGE=0``) instead of :mod:`tfscale.exchange.native`'s op: what the op
+  gains, in the same rounds.
 
 Efficiency = the 2-worker rate / (2 x ``alone``). Two floors bound it from above:
 
@@ -20,18 +23,22 @@ Efficiency = the 2-worker rate / (2 x ``alone``). Two floors bound it from above
 - the bare-exchange floor: the twin floor x step / (step + the shared-memory all-reduce of the
   same tensors alone), timed between two processes, a core each, with a step's time of work
   between calls as in training (memory that has sat idle for a step is slower to reach than
-  the copy rate's, which is measured back to back): no exchange of these bytes through
-  :class:`tfscale.exchange.shared_memory.SharedMemoryGroup` can do better.
+  the copy rate's, which is measured back to back), through the segment's protocol as
+  training runs it (:mod:`tfscale.exchange.native`'s op in a ``tf.function``, or NumPy where
+  the op does not load): no exchange of these bytes through
+  :class:`tfscale.exchange.shared_memory.SharedMemoryGroup`'s segment can do better.
 
 The fraction of the floors a strategy reaches is what the exchange still costs above its
 least. Figures are medians over ``--rounds``.
 
     python -m bench.exchange_efficiency [--rounds 3 --steps 300 --strategies horovod,multiworker]
+                                        [--numpy_function]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -49,7 +56,8 @@ GRADIENT_MB = sum(math.prod(shape) for shape in MLP_SHAPES) * 4 / 1e6
 
 
 def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
-                 out: Any, module: str | None = None, divisor: int = 1) -> None:
+                 out: Any, module: str | None = None, divisor: int = 1,
+                 native_op: bool = False) -> None:
     import numpy as np
 
     if module is None:
@@ -66,23 +74,36 @@ def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
     group = shared_memory.SharedMemoryGroup(key, index, 2, timeout_s=120)
     rng = np.random.default_rng(index)
     tensors = [rng.standard_normal(shape).astype(np.float32) for shape in MLP_SHAPES]
+    exchange = functools.partial(group.all_reduce, *tensors, divisor=divisor, copy=False)
+    if module is None and native_op:
+        # As training runs it: tfscale.exchange.native's op in a compiled function.
+        import tensorflow as tf
+
+        from tfscale.exchange.hierarchical import _native_all_reduce
+
+        values = [tf.constant(t) for t in tensors]
+        op = tf.function(lambda: _native_all_reduce(group, values, divisor, False, "bare"))
+        op()
+        exchange = op
     times = []
     for call in range(calls + 20):
         end = time.perf_counter() + gap_ms / 1000.0
         while time.perf_counter() < end:  # the step's work: the core busy, memory left idle
             pass
         start = time.perf_counter()
-        group.all_reduce(*tensors, divisor=divisor, copy=False)
+        exchange()
         if call >= 20:
             times.append(time.perf_counter() - start)
     out.put(statistics.median(times) * 1000.0)
 
 
 def bare_exchange_ms(cores: list[int], gap_ms: float, calls: int = 200,
-                     module: str | None = None, divisor: int = 1) -> float:
+                     module: str | None = None, divisor: int = 1,
+                     native_op: bool = False) -> float:
     """The shared-memory all-reduce of mlp's gradients between two processes on ``cores``,
     ``gap_ms`` of work between calls: its median time, the slower process's (``module``: the
-    file of another version of :mod:`tfscale.exchange.shared_memory` to time instead).
+    file of another version of :mod:`tfscale.exchange.shared_memory` to time instead;
+    ``native_op``: through :mod:`tfscale.exchange.native`'s op, in a ``tf.function``).
     ``divisor`` 1, a sum, is what both strategies run: horovod's mean comes from a loss
     divided by the workers (:func:`tfscale.exchange.optimizer.with_gradient_reduction`)."""
     import multiprocessing
@@ -92,7 +113,7 @@ def bare_exchange_ms(cores: list[int], gap_ms: float, calls: int = 200,
     key = f"bench{os.getpid()}-{time.monotonic_ns()}"
     procs = [context.Process(target=_bare_worker,
                              args=(i, cores[i], key, gap_ms, calls, out, module,
-                                   divisor))
+                                   divisor, native_op))
              for i in range(2)]
     for p in procs:
         p.start()
@@ -126,9 +147,16 @@ def twins(flags: list[str], cores: list[int]) -> list[float]:
     return rates
 
 
-def measure(strategies: list[str], rounds: int, steps: int) -> dict[str, Any]:
+# The suffix of a strategy's case whose exchange runs in tf.numpy_function, not as the op.
+IN_PYTHON = " (numpy_function)"
+
+
+def measure(strategies: list[str], rounds: int, steps: int,
+            numpy_function: bool = False) -> dict[str, Any]:
     cores = sorted(os.sched_getaffinity(0))[:2]
     base = [*MLP, f"--steps={steps}", f"--log_every={steps}"]
+    if numpy_function:
+        strategies = [*strategies, *(s + IN_PYTHON for s in strategies)]
     cases = ["alone", "twin", *strategies]
     runs: dict[str, list[float]] = {case: [] for case in cases}
     for round_ in range(rounds):
@@ -139,16 +167,22 @@ def measure(strategies: list[str], rounds: int, steps: int) -> dict[str, Any]:
             elif case == "twin":
                 runs[case].append(sum(twins([*base, "--strategy=default"], cores)))
             else:
-                runs[case].append(float(train([*base, f"--strategy={case}",
-                                               "--num_processes=2", "--cpu_binding"])
-                                        ["images_per_sec"]))
+                env = {"TFSCALE_NATIVE_EXCHANGE": "0" if case.endswith(IN_PYTHON) else "1"}
+                runs[case].append(float(train([*base,
+                                               f"--strategy={case.removesuffix(IN_PYTHON)}",
+                                               "--num_processes=2", "--cpu_binding"],
+                                              env=env)["images_per_sec"]))
     copy_gbps = memcpy_gbps()
     alone = statistics.median(runs["alone"])
     twin_floor = statistics.median(runs["twin"]) / (2 * alone)
     step_ms = 64 * 1000.0 / alone
     least_ms = 2 * GRADIENT_MB * 1e6 / (copy_gbps * 1e9) * 1000.0
     copy_floor = twin_floor * step_ms / (step_ms + least_ms)
-    bare_ms = bare_exchange_ms(cores, step_ms)
+    # The exchange as the strategies run it: the op where it loads, else in NumPy.
+    from tfscale.exchange import native
+
+    op = native.library() is not None
+    bare_ms = bare_exchange_ms(cores, step_ms, native_op=op)
     bare_floor = twin_floor * step_ms / (step_ms + bare_ms)
     rows = []
     for case in strategies:
@@ -162,6 +196,7 @@ def measure(strategies: list[str], rounds: int, steps: int) -> dict[str, Any]:
             "alone_images_per_sec": alone, "step_ms": step_ms, "copy_gbps": copy_gbps,
             "least_exchange_ms": least_ms, "twin_floor": twin_floor, "copy_floor": copy_floor,
             "gradient_mb": GRADIENT_MB, "bare_exchange_ms": bare_ms, "bare_floor": bare_floor,
+            "bare_exchange": "the op" if op else "NumPy (tf.numpy_function's body)",
             "rows": rows, "target": TARGET}
 
 
@@ -174,8 +209,9 @@ def report(result: dict[str, Any]) -> str:
         f"copy floor: {result['gradient_mb']:.1f} MB of gradients, copy rate "
         f"{result['copy_gbps']:.1f} GB/s, least exchange {result['least_exchange_ms']:.2f} ms "
         f"-> {result['copy_floor']:.3f}",
-        f"bare-exchange floor: the shared-memory all-reduce alone, a step's work between "
-        f"calls, {result['bare_exchange_ms']:.2f} ms -> {result['bare_floor']:.3f}",
+        f"bare-exchange floor: the shared-memory all-reduce alone "
+        f"({result.get('bare_exchange', 'NumPy')}), a step's work between calls, "
+        f"{result['bare_exchange_ms']:.2f} ms -> {result['bare_floor']:.3f}",
         "",
         table(result["rows"], ["strategy", "2 workers images/s", "efficiency", "range",
                                "of the copy floor", "of the bare-exchange floor", "met"]),
@@ -190,8 +226,10 @@ def main() -> None:
     parser.add_argument("--strategies", default="horovod,multiworker")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--numpy_function", action="store_true",
+                        help="each strategy also with its exchange in tf.numpy_function")
     args = parser.parse_args()
-    result = measure(args.strategies.split(","), args.rounds, args.steps)
+    result = measure(args.strategies.split(","), args.rounds, args.steps, args.numpy_function)
     save("exchange_efficiency", result)
     print(report(result))
 

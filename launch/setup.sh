@@ -48,3 +48,10 @@ if [ "$(cat "$project_stamp" 2>/dev/null)" != "$project_want" ] || [ "$imported_
   .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation --editable .
   echo "$project_want" > "$project_stamp"
 fi
+# The shared-memory exchange's TensorFlow op, compiled once per TensorFlow and source into
+# ~/.cache/tfscale/native (tfscale.exchange.native; it would otherwise build on first use).
+# Without it the exchange runs in tf.numpy_function, slower but the same sums.
+if ! .venv/bin/python -m tfscale.exchange.native 2>/dev/null >/dev/null; then
+  echo "[setup] the shared-memory exchange's op did not build: it runs in tf.numpy_function" \
+       "(python -m tfscale.exchange.native says why)"
+fi

@@ -67,10 +67,22 @@ class Counts:
 
     def count_allreduces(self, strategy) -> None:  # type: ignore[no-untyped-def]
         """Counts the gradient all-reduces: Horovod's grouped ones, or the shared-memory
-        exchange's (its NumPy function runs once per execution)."""
+        exchange's: its op's (a counter the step increments beside it) or, where the exchange
+        runs in tf.numpy_function, its NumPy function's (which runs once per execution)."""
         node = getattr(getattr(strategy, "reduce", None), "node", None)
         if node is not None:
-            exchange = node.all_reduce
+            from tfscale.exchange import hierarchical
+
+            exchange, native = node.all_reduce, hierarchical._native_all_reduce
+
+            def counted_op(node, values, divisor, copy, name):  # type: ignore[no-untyped-def]
+                outs = native(node, values, divisor, copy, name)
+                if outs is not None:
+                    self.values["allreduces"].assign_add(1)
+                    self.divisors.add(int(divisor))
+                return outs
+
+            hierarchical._native_all_reduce = counted_op
 
             def counted_exchange(*args, **kwargs):  # type: ignore[no-untyped-def]
                 self.exchanges += 1

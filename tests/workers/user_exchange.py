@@ -91,16 +91,25 @@ def horovod_style(out: Path) -> dict[str, Any]:
 def _record_divisors(reduce: Any) -> set[int]:
     """The divisors of the gradients' shared-memory exchanges from now on: {1} where Keras'
     step divides the loss and the exchange sums, {workers} where the exchange divides."""
+    from tfscale.exchange import hierarchical
+
     divisors: set[int] = set()
     if reduce is None or reduce.node is None:
         return divisors
-    exchange = reduce.node.all_reduce
+    exchange, native = reduce.node.all_reduce, hierarchical._native_all_reduce
 
-    def recorded(*tensors: Any, **kwargs: Any) -> Any:
+    def recorded(*tensors: Any, **kwargs: Any) -> Any:  # the exchange in tf.numpy_function
         divisors.add(int(kwargs.get("divisor", 1)))
         return exchange(*tensors, **kwargs)
 
+    def recorded_op(node: Any, values: Any, divisor: int, copy: bool, name: str) -> Any:
+        outs = native(node, values, divisor, copy, name)  # the exchange as its op (traced)
+        if outs is not None:
+            divisors.add(int(divisor))
+        return outs
+
     reduce.node.all_reduce = recorded
+    hierarchical._native_all_reduce = recorded_op
     return divisors
 
 

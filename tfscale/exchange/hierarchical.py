@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from tfscale.exchange import placement, shared_memory
+from tfscale.exchange import native, placement, shared_memory
 from tfscale.exchange.fusion import fuse, unfuse
 from tfscale.exchange.horovod_runtime import (
     discover_topology,
@@ -270,10 +270,12 @@ class HierarchicalAllReduce:
         copy = not self.transient
         name = f"{self.name}.{dtype.name}".replace(".", "_")
         if self.cross_set is None and self.cross_sum is None:
-            outs = tf.numpy_function(functools.partial(node.all_reduce, divisor=divisor,
-                                                       copy=copy),
-                                     values, [dtype] * len(values), stateful=True,
-                                     name=f"{name}_node_allreduce")
+            outs = _native_all_reduce(node, values, divisor, copy, f"{name}_node_allreduce")
+            if outs is None:
+                outs = tf.numpy_function(functools.partial(node.all_reduce, divisor=divisor,
+                                                           copy=copy),
+                                         values, [dtype] * len(values), stateful=True,
+                                         name=f"{name}_node_allreduce")
         else:
             chunk = tf.numpy_function(node.reduce_scatter, values, dtype, stateful=True,
                                       name=f"{name}_node_reducescatter")
@@ -293,3 +295,29 @@ class HierarchicalAllReduce:
         # (numpy_function gives a lone tensor, not a list, for a list of one output.)
         return [tf.ensure_shape(o, t.shape)
                 for o, t in zip(tf.nest.flatten(outs), tensors, strict=True)]
+
+
+def _native_all_reduce(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
+                       divisor: int, copy: bool, name: str) -> list[Any] | None:
+    """The node's all-reduce of ``values`` (tensors of one dtype) as
+    :mod:`tfscale.exchange.native`'s op, on the segment that the Python calls would use; None
+    where the op cannot run it (one process, a dtype other than float32 and float64, a shape
+    not known when traced, or no op library), for ``tf.numpy_function`` to run the same
+    exchange. The segment is made when the step is traced, which every process of the node
+    does."""
+    import tensorflow as tf
+
+    dtype = values[0].dtype
+    if (node.size < 2 or dtype not in (tf.float32, tf.float64)
+            or not all(v.shape.is_fully_defined() for v in values)):
+        return None
+    library = native.library()
+    if library is None:
+        return None
+    segment = node.segment(np.dtype(dtype.as_numpy_dtype),
+                           tuple(tuple(v.shape) for v in values))
+    outs: list[Any] = library.tfscale_node_all_reduce(
+        values, address=segment.address, offsets=list(segment.offsets), length=segment.length,
+        index=node.index, size=node.size, divisor=divisor, views=not copy,
+        ranks=list(node.ranks), timeout_s=node.timeout_s, name=name)
+    return outs

@@ -173,6 +173,11 @@ class _Segment:
         finally:
             os.close(fd)
 
+    @property
+    def address(self) -> int:
+        """Where the mapping starts in this process's memory (for the native op)."""
+        return int(self.flags["attached"].ctypes.data)
+
     def _views(self, flat: np.ndarray) -> list[np.ndarray]:
         return [flat[o:o + math.prod(s)].reshape(s)
                 for o, s in zip(self.offsets, self.shapes, strict=True)]
@@ -188,8 +193,9 @@ class _Segment:
         multiplies each block of the sum while it is in the cache: a mean without a pass of
         its own over the result. The parts are copied in unscaled: a plain copy (``memcpy``)
         costs less than a multiplication into the same buffer (bench/RESULTS.md)."""
-        self.calls += 1
-        c = self.calls
+        # The call's number, one more than the last this process finished: shared with
+        # :mod:`tfscale.exchange.native`'s op, which may make the calls on the same segment.
+        c = self.calls = int(self.flags["gathered"][self.index]) + 1
         self._wait(self.flags["gathered"], c - 1, f"finish exchange {c - 1}", self.pids)
         flat = [np.asarray(t).reshape(-1) for t in tensors]
         # Only the chunks the other processes sum are copied: this process sums its own chunk
@@ -303,10 +309,15 @@ class SharedMemoryGroup:
 
     def _segment(self, tensors: Sequence[np.ndarray]) -> _Segment:
         dtype = tensors[0].dtype
-        shapes = tuple(tuple(t.shape) for t in tensors)
         if any(t.dtype != dtype for t in tensors):
             raise ValueError(f"one exchange takes tensors of one dtype, not "
                              f"{sorted({t.dtype.name for t in tensors})}")
+        return self.segment(dtype, tuple(tuple(t.shape) for t in tensors))
+
+    def segment(self, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> _Segment:
+        """The segment for calls on tensors of ``shapes`` and ``dtype``, made and mapped by
+        every process of the node on first use (each waits for the others there)."""
+        dtype = np.dtype(dtype)
         key = (dtype.name, shapes)
         if key not in self._segments:
             path = self.directory / f"tfscale-{self.key}-{len(self._segments)}"

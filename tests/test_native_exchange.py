@@ -1,0 +1,142 @@
+"""The shared-memory all-reduce as a TensorFlow op (tfscale.exchange.native) between real
+processes: bit for bit what the Python exchange gives, on the same segments, and the same
+errors when a peer dies or stalls."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tfscale.config.errors import describe_peer_failure
+from tfscale.exchange import native
+from tfscale.exchange.hierarchical import _native_all_reduce
+from tfscale.exchange.shared_memory import SharedMemoryGroup
+
+# Shapes that do not fill whole cache lines (a scalar, an empty tensor, odd sizes), and two
+# longer than a block of the Python sum.
+SHORT = [(3, 5), (), (0,), (7,)]
+LONG = [(70001,), (3, 40000)]
+
+
+def _tensors(index: int, shapes: list[tuple[int, ...]], dtype: Any) -> list[np.ndarray]:
+    rng = np.random.default_rng(10 * index + len(shapes))
+    return [rng.normal(size=s).astype(dtype) for s in shapes]
+
+
+def _calls(index: int) -> list[tuple[list[np.ndarray], int, bool]]:
+    """(tensors, divisor, views) of each call, the same list on every process."""
+    return [(_tensors(index, SHORT, np.float32), 1, True),
+            (_tensors(index, SHORT, np.float64), 3, False),
+            (_tensors(index, LONG, np.float32), 1, True),
+            (_tensors(index, LONG, np.float32), 2, True)]
+
+
+def _process(index: int, size: int, directory: str, queue: Any) -> None:
+    import tensorflow as tf
+
+    group = SharedMemoryGroup("native", index, size, timeout_s=60, directory=Path(directory))
+    outs, kinds = [], set()
+    for tensors, divisor, views in _calls(index):
+        @tf.function
+        def step(values: list[Any], divisor: int = divisor, views: bool = views) -> Any:
+            # Three calls in a row: the results buffers alternate, and the counter goes on.
+            results = None
+            for _ in range(3):
+                results = _native_all_reduce(group, values, divisor, not views, "sum")
+            return results
+
+        native_out = [o.numpy().copy() for o in step([tf.constant(t) for t in tensors])]
+        kinds |= {op.type for op in step.get_concrete_function(
+            [tf.constant(t) for t in tensors]).graph.get_operations()}
+        # The Python exchange on the same segment right after: its calls number on.
+        python_out = [o.copy() for o in group.all_reduce(*tensors, divisor=divisor)]
+        outs.append((native_out, python_out))
+    queue.put((index, outs, sorted(kinds)))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_the_op_gives_the_python_exchanges_sums_bit_for_bit(size: int, tmp_path: Path) -> None:
+    assert native.library() is not None, "the op builds and loads on this machine"
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_process, args=(i, size, str(tmp_path), queue))
+             for i in range(size)]
+    for p in procs:
+        p.start()
+    try:
+        got = [queue.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    results = {index: outs for index, outs, _ in got}
+    assert sorted(results) == list(range(size))
+    for _, _, kinds in got:  # the step runs the op, not a host call
+        assert "TfscaleNodeAllReduce" in kinds
+        assert not {"PyFunc", "EagerPyFunc"} & set(kinds)
+    for c, (tensors, divisor, _) in enumerate(_calls(0)):
+        parts = [_calls(i)[c][0] for i in range(size)]
+        for index in range(size):
+            native_out, python_out = results[index][c]
+            for k, (got, want) in enumerate(zip(native_out, python_out, strict=True)):
+                assert got.dtype == tensors[k].dtype and got.shape == tensors[k].shape
+                np.testing.assert_array_equal(got, want, err_msg=f"call {c}, tensor {k}")
+                # ... and the same on every process, and the mean it stands for.
+                np.testing.assert_array_equal(got, results[0][c][0][k])
+                expected = sum(p[k].astype(np.float64) for p in parts) / divisor
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def _python_peer(directory: str, calls: int, stall: bool) -> None:
+    group = SharedMemoryGroup("peer", 1, 2, timeout_s=60, directory=Path(directory))
+    for _ in range(calls):
+        group.all_reduce(np.ones(5, np.float32))
+    if stall:
+        group.segment(np.dtype(np.float32), ((5,),))
+        time.sleep(120)
+
+
+@pytest.mark.parametrize("stall", [False, True])
+def test_a_peer_that_exits_or_stalls_is_reported_as_the_python_exchange_does(
+        stall: bool, tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    context = multiprocessing.get_context("spawn")
+    peer = context.Process(target=_python_peer, args=(str(tmp_path), 1, stall))
+    peer.start()
+    try:
+        group = SharedMemoryGroup("peer", 0, 2, timeout_s=60 if not stall else 1.5,
+                                  directory=tmp_path, ranks=(4, 5))
+        value = tf.ones(5)
+        # The first call pairs with the peer's Python call on the same segment.
+        first = _native_all_reduce(group, [value], 1, True, "sum")
+        assert first is not None
+        np.testing.assert_array_equal(first[0].numpy(), np.full(5, 2, np.float32))
+        start = time.monotonic()
+        if stall:
+            want = (r"shared-memory exchange: rank\(s\) \[5\] \(local process\(es\) \[1\]\) of "
+                    r"this node did not write its tensors for exchange 2 within 1.5 s \(a peer "
+                    r"died or stalled\)")
+            raises: Any = tf.errors.DeadlineExceededError
+        else:
+            peer.join(timeout=30)
+            want = (rf"shared-memory exchange: rank\(s\) \[5\] \(local process\(es\) \[1\]\) of "
+                    rf"this node \(pid {peer.pid}\) exited before they could write its tensors "
+                    r"for exchange 2 \(a peer died\)")
+            raises = tf.errors.UnavailableError
+        with pytest.raises(raises, match=want) as caught:
+            _native_all_reduce(group, [value], 1, True, "sum")
+        assert time.monotonic() - start < 20, "found by its pid or the timeout, not later"
+        assert str(describe_peer_failure(caught.value)).startswith("lost contact with worker 5 ")
+    finally:
+        if peer.is_alive() and peer.pid is not None:
+            os.kill(peer.pid, signal.SIGKILL)
+        peer.join(timeout=10)

@@ -1,0 +1,284 @@
+// The shared-memory all-reduce of tfscale.exchange.shared_memory as one TensorFlow op.
+//
+// The same segment, protocol and order of additions as the module's Python, which creates and
+// maps the segment and hands its address to this op (the layout and the steps of a call are
+// in that module's doc). Run from TensorFlow's executor, a call needs no Python: no
+// tf.numpy_function around it, no interpreter or lock of its own, its outputs handed to the
+// optimizer as views of the results buffer (or as copies).
+//
+// Built on first use by tfscale.exchange.native (g++ and TensorFlow's own headers).
+
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tfscale {
+namespace {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Status;
+using tensorflow::Tensor;
+
+constexpr int64_t kLine = 64;  // bytes per counter (shared_memory._LINE)
+enum Kind { kAttached = 0, kWritten = 1, kReduced = 2, kGathered = 3 };
+constexpr int kKinds = 4;
+// Waiting: yield the core this long, then check every kSleep (shared_memory._SPINS, _SLEEP_S),
+// and check that the processes waited for are alive every kLiveness.
+constexpr auto kSpin = std::chrono::milliseconds(2);
+constexpr auto kSleep = std::chrono::microseconds(50);
+constexpr auto kLiveness = std::chrono::milliseconds(200);
+
+// Memory that the segment owns, seen by TensorFlow as a tensor's buffer.
+class Borrowed : public tensorflow::TensorBuffer {
+ public:
+  Borrowed(void* data, size_t bytes) : TensorBuffer(data), bytes_(bytes) {}
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription*) const override {}
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  size_t bytes_;
+};
+
+bool Alive(int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t close = text.rfind(')');
+  if (close == std::string::npos || close + 2 >= text.size()) return true;
+  return text[close + 2] != 'Z';
+}
+
+template <typename T>
+class NodeAllReduce : public OpKernel {
+ public:
+  explicit NodeAllReduce(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    int64_t address = 0, divisor = 1;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("address", &address));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("offsets", &offsets_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("length", &length_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("index", &index_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("divisor", &divisor));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("views", &views_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("ranks", &ranks_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_s", &timeout_s_));
+    OP_REQUIRES(ctx, size_ >= 2 && index_ >= 0 && index_ < size_ &&
+                         static_cast<int64_t>(ranks_.size()) == size_ && length_ % size_ == 0,
+                tensorflow::errors::InvalidArgument("TfscaleNodeAllReduce: bad segment attrs"));
+    base_ = reinterpret_cast<char*>(address);
+    // The scale as NumPy applies it: 1 / divisor in double, then in the tensors' dtype.
+    scale_ = static_cast<T>(1.0 / static_cast<double>(divisor));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs();
+    OP_REQUIRES(ctx, n == static_cast<int>(offsets_.size()),
+                tensorflow::errors::InvalidArgument("TfscaleNodeAllReduce: ", n, " inputs for ",
+                                                    offsets_.size(), " offsets"));
+    // The call's number is shared with the module's Python calls on the same segment: one more
+    // than the last this process finished.
+    const int64_t c = Flag(kGathered, index_)[0] + 1;
+    OP_REQUIRES_OK(ctx, Wait(kGathered, c - 1, "finish exchange " + std::to_string(c - 1)));
+    const int64_t chunk = length_ / size_;
+    for (int64_t j = 0; j < size_; ++j) {
+      if (j == index_) continue;
+      T* into = Buffer(((index_ - j) % size_ + size_) % size_, c);
+      ForPieces(ctx, j * chunk, (j + 1) * chunk, [&](int64_t lo, int64_t hi, const T* src) {
+        memcpy(into + lo, src, (hi - lo) * sizeof(T));
+      });
+    }
+    Publish(kWritten, c);
+    OP_REQUIRES_OK(ctx, Wait(kWritten, c, "write its tensors for exchange " + std::to_string(c)));
+    ForPieces(ctx, index_ * chunk, (index_ + 1) * chunk,
+              [&](int64_t lo, int64_t hi, const T* mine) { Sum(lo, hi, mine, c); });
+    Publish(kReduced, c);
+    OP_REQUIRES_OK(ctx, Wait(kReduced, c, "write its chunk for exchange " + std::to_string(c)));
+    T* results = Buffer(1, c);
+    for (int t = 0; t < n; ++t) {
+      const Tensor& in = ctx->input(t);
+      T* from = results + offsets_[t];
+      if (views_) {
+        auto* buffer = new Borrowed(from, in.NumElements() * sizeof(T));
+        Tensor out(in.dtype(), in.shape(), buffer);
+        buffer->Unref();
+        ctx->set_output(t, out);
+      } else {
+        Tensor* out = nullptr;
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(t, in.shape(), &out));
+        memcpy(out->flat<T>().data(), from, in.NumElements() * sizeof(T));
+      }
+    }
+    Publish(kGathered, c);
+  }
+
+ private:
+  int64_t* Flag(int kind, int64_t i) {
+    return reinterpret_cast<int64_t*>(base_ + (kind * size_ + i) * kLine);
+  }
+  // A counter is published after the data it stands for (x86-64 keeps stores in order).
+  void Publish(int kind, int64_t c) { __atomic_store_n(Flag(kind, index_), c, __ATOMIC_RELEASE); }
+  // shared_memory._Segment._buffer: distance 1 is the results, by the call's parity.
+  T* Buffer(int64_t distance, int64_t call) {
+    const int64_t b = distance == 1 ? call % 2 : distance;
+    return reinterpret_cast<T*>(base_ + kKinds * size_ * kLine) + b * length_;
+  }
+
+  // fn(lo, hi, source) for each input's part of the buffer range [start, stop).
+  template <typename Fn>
+  void ForPieces(OpKernelContext* ctx, int64_t start, int64_t stop, Fn fn) {
+    for (int t = 0; t < ctx->num_inputs(); ++t) {
+      const Tensor& in = ctx->input(t);
+      const int64_t offset = offsets_[t], lo = std::max(offset, start);
+      const int64_t hi = std::min(offset + in.NumElements(), stop);
+      if (lo < hi) fn(lo, hi, in.flat<T>().data() + (lo - offset));
+    }
+  }
+
+  // shared_memory._Segment._sum, element by element in the same order: two parts added
+  // (either way round is the same, bit for bit) and scaled; three or more added in local index
+  // order, then scaled. The sum goes where the next process's part lies.
+  void Sum(int64_t lo, int64_t hi, const T* mine, int64_t c) {
+    T* total = Buffer(1, c) + lo;
+    const int64_t count = hi - lo;
+    if (size_ == 2) {
+      if (scale_ == T(1)) {
+        for (int64_t k = 0; k < count; ++k) total[k] += mine[k];
+      } else {
+        for (int64_t k = 0; k < count; ++k) total[k] = (total[k] + mine[k]) * scale_;
+      }
+      return;
+    }
+    std::vector<const T*> parts(size_);
+    for (int64_t k = 0; k < size_; ++k) {
+      parts[k] = k == index_ ? mine : Buffer(((k - index_) % size_ + size_) % size_, c) + lo;
+    }
+    for (int64_t e = 0; e < count; ++e) {
+      T acc = parts[0][e] + parts[1][e];
+      for (int64_t k = 2; k < size_; ++k) acc += parts[k][e];
+      if (scale_ != T(1)) acc *= scale_;
+      total[e] = acc;
+    }
+  }
+
+  // shared_memory.SharedMemoryGroup._wait: every process's counter of ``kind`` >= value.
+  Status Wait(int kind, int64_t value, const std::string& what) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    auto check = start + kLiveness;
+    while (true) {
+      std::vector<int64_t> behind;
+      for (int64_t i = 0; i < size_; ++i) {
+        if (__atomic_load_n(Flag(kind, i), __ATOMIC_ACQUIRE) < value) behind.push_back(i);
+      }
+      if (behind.empty()) return Status();
+      const auto now = Clock::now();
+      if (now - start < kSpin) {
+        sched_yield();
+        continue;
+      }
+      if (now - start > std::chrono::duration<double>(timeout_s_)) {
+        std::ostringstream message;
+        message << "shared-memory exchange: " << Who(behind) << " of this node did not " << what
+                << " within " << Seconds() << " s (a peer died or stalled)";
+        return tensorflow::errors::DeadlineExceeded(message.str());
+      }
+      if (now > check) {
+        check = now + kLiveness;
+        std::vector<int64_t> gone;
+        std::ostringstream pids;
+        for (int64_t i : behind) {
+          const int64_t pid = Flag(kAttached, i)[0];
+          if (pid > 0 && !Alive(pid)) {
+            pids << (gone.empty() ? "" : ", ") << pid;
+            gone.push_back(i);
+          }
+        }
+        if (!gone.empty()) {
+          std::ostringstream message;
+          message << "shared-memory exchange: " << Who(gone) << " of this node (pid "
+                  << pids.str() << ") exited before they could " << what << " (a peer died)";
+          return tensorflow::errors::Unavailable(message.str());
+        }
+      }
+      std::this_thread::sleep_for(kSleep);
+    }
+  }
+
+  // "rank(s) [3] (local process(es) [1])", as shared_memory.SharedMemoryGroup._who says it.
+  std::string Who(const std::vector<int64_t>& local) const {
+    std::ostringstream ranks, indices;
+    for (size_t k = 0; k < local.size(); ++k) {
+      ranks << (k ? ", " : "") << ranks_[local[k]];
+      indices << (k ? ", " : "") << local[k];
+    }
+    return "rank(s) [" + ranks.str() + "] (local process(es) [" + indices.str() + "])";
+  }
+
+  std::string Seconds() const {  // Python's format(timeout_s, "g")
+    char text[32];
+    snprintf(text, sizeof(text), "%g", timeout_s_);
+    return text;
+  }
+
+  char* base_ = nullptr;
+  std::vector<int64_t> offsets_;
+  int64_t length_ = 0, index_ = 0, size_ = 0;
+  std::vector<int64_t> ranks_;
+  float timeout_s_ = 0;
+  bool views_ = true;
+  T scale_ = T(1);
+};
+
+}  // namespace
+
+REGISTER_OP("TfscaleNodeAllReduce")
+    .Input("tensors: N * T")
+    .Output("sums: N * T")
+    .Attr("T: {float, double}")
+    .Attr("N: int >= 1")
+    .Attr("address: int")
+    .Attr("offsets: list(int)")
+    .Attr("length: int")
+    .Attr("index: int")
+    .Attr("size: int")
+    .Attr("divisor: int = 1")
+    .Attr("views: bool = true")
+    .Attr("ranks: list(int)")
+    .Attr("timeout_s: float")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+      return Status();
+    });
+
+REGISTER_KERNEL_BUILDER(
+    Name("TfscaleNodeAllReduce").Device(tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
+    NodeAllReduce<float>);
+REGISTER_KERNEL_BUILDER(
+    Name("TfscaleNodeAllReduce").Device(tensorflow::DEVICE_CPU).TypeConstraint<double>("T"),
+    NodeAllReduce<double>);
+
+}  // namespace tfscale
