@@ -75,6 +75,7 @@ def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
     rng = np.random.default_rng(index)
     tensors = [rng.standard_normal(shape).astype(np.float32) for shape in MLP_SHAPES]
     exchange = functools.partial(group.all_reduce, *tensors, divisor=divisor, copy=False)
+    empty = None
     if module is None and native_op:
         # As training runs it: tfscale.exchange.native's op in a compiled function.
         import tensorflow as tf
@@ -85,7 +86,11 @@ def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
         op = tf.function(lambda: _native_all_reduce(group, values, divisor, False, "bare"))
         op()
         exchange = op
-    times = []
+        # In training the op runs inside the step; here each call also pays for calling a
+        # tf.function from Python, timed apart on one that returns the same tensors unchanged.
+        empty = tf.function(lambda: [tf.identity(v) for v in values])
+        empty()
+    times, empties = [], []
     for call in range(calls + 20):
         end = time.perf_counter() + gap_ms / 1000.0
         while time.perf_counter() < end:  # the step's work: the core busy, memory left idle
@@ -94,7 +99,12 @@ def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
         exchange()
         if call >= 20:
             times.append(time.perf_counter() - start)
-    out.put(statistics.median(times) * 1000.0)
+        if empty is not None:
+            start = time.perf_counter()
+            empty()
+            empties.append(time.perf_counter() - start)
+    called = statistics.median(empties) if empties else 0.0
+    out.put((statistics.median(times) - called) * 1000.0)
 
 
 def bare_exchange_ms(cores: list[int], gap_ms: float, calls: int = 200,

@@ -140,3 +140,36 @@ def test_a_peer_that_exits_or_stalls_is_reported_as_the_python_exchange_does(
         if peer.is_alive() and peer.pid is not None:
             os.kill(peer.pid, signal.SIGKILL)
         peer.join(timeout=10)
+
+
+def test_without_a_compiler_the_build_says_so_and_the_exchange_stays_in_python(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no build of the op there yet
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler 'no-such-compiler' on PATH"):
+        native.build()
+    assert not list((tmp_path / "tfscale" / "native").glob("*.so"))
+    native.library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="runs in tf.numpy_function, not as its TensorFlow "
+                                             "op: no C\\+\\+ compiler"):
+            assert native.library() is None
+        group = SharedMemoryGroup("unused", 0, 2, directory=tmp_path)
+        import tensorflow as tf
+
+        assert _native_all_reduce(group, [tf.ones(3)], 1, True, "sum") is None
+    finally:
+        native.library.cache_clear()
+
+
+def test_a_failed_build_names_the_source_and_the_compilers_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tmp_path / "node_all_reduce.cc"
+    broken.write_text("#error this source does not compile\n")
+    monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match=rf"compiling {broken} failed .*\n.*this source does "
+                                           "not compile"):
+        native.build()
+    assert not list((tmp_path / "cache").rglob("*.so")) and not list(
+        (tmp_path / "cache").rglob("*.tmp")), "nothing half-built is left"
