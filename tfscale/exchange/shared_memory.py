@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import math
 import mmap
 import os
@@ -320,7 +321,12 @@ class SharedMemoryGroup:
         dtype = np.dtype(dtype)
         key = (dtype.name, shapes)
         if key not in self._segments:
-            path = self.directory / f"tfscale-{self.key}-{len(self._segments)}"
+            # Named by what it carries, not by the order of first use (the native op's segment
+            # is made when the step is traced): a process that came to its segments in another
+            # order than its peers would wait for the right one, and time out saying so,
+            # rather than map one made for other tensors.
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+            path = self.directory / f"tfscale-{self.key}-{digest}"
             self._segments[key] = _Segment(path, dtype, shapes, self.index, self.size,
                                            self._wait, self.timeout_s)
         return self._segments[key]
