@@ -80,10 +80,10 @@ def _bare_worker(index: int, core: int, key: str, gap_ms: float, calls: int,
         # As training runs it: tfscale.exchange.native's op in a compiled function.
         import tensorflow as tf
 
-        from tfscale.exchange.hierarchical import _native_all_reduce
+        from tfscale.exchange.hierarchical import native_all_reduce
 
         values = [tf.constant(t) for t in tensors]
-        op = tf.function(lambda: _native_all_reduce(group, values, divisor, False, "bare"))
+        op = tf.function(lambda: native_all_reduce(group, values, divisor, False, "bare"))
         op()
         exchange = op
         # In training the op runs inside the step; here each call also pays for calling a

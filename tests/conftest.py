@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,30 @@ def run_process(
         out, err = proc.communicate()
         pytest.fail(f"timed out after {timeout}s: {command}\n{out}\n{err}")
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def run_on_one_node(target: Callable[..., None], size: int, directory: Path,
+                    timeout: float = 60) -> dict[int, tuple[Any, ...]]:
+    """Runs ``target(index, size, str(directory), queue)`` in ``size`` spawned processes (the
+    local processes of one node) and returns what each put on the queue, ``(index, *rest)``,
+    as ``{index: rest}``; every process is ended, also when one fails."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=target, args=(i, size, str(directory), queue))
+             for i in range(size)]
+    for p in procs:
+        p.start()
+    try:
+        results = {}
+        for _ in procs:
+            index, *rest = queue.get(timeout=timeout)
+            results[index] = tuple(rest)
+        return results
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
 
 
 def run_train(*flags: str, timeout: float = 240,

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import run_on_one_node
 from tfscale.config.errors import describe_peer_failure
 from tfscale.exchange import native
-from tfscale.exchange.hierarchical import _native_all_reduce
+from tfscale.exchange.hierarchical import native_all_reduce
 from tfscale.exchange.shared_memory import SharedMemoryGroup
 
 # Shapes that do not fill whole cache lines (a scalar, an empty tensor, odd sizes), and two
@@ -49,7 +50,7 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
             # Three calls in a row: the results buffers alternate, and the counter goes on.
             results = None
             for _ in range(3):
-                results = _native_all_reduce(group, values, divisor, not views, "sum")
+                results = native_all_reduce(group, values, divisor, not views, "sum")
             return results
 
         native_out = [o.numpy().copy() for o in step([tf.constant(t) for t in tensors])]
@@ -64,22 +65,10 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
 @pytest.mark.parametrize("size", [2, 3])
 def test_the_op_gives_the_python_exchanges_sums_bit_for_bit(size: int, tmp_path: Path) -> None:
     assert native.library() is not None, "the op builds and loads on this machine"
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    procs = [context.Process(target=_process, args=(i, size, str(tmp_path), queue))
-             for i in range(size)]
-    for p in procs:
-        p.start()
-    try:
-        got = [queue.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    results = {index: outs for index, outs, _ in got}
+    got = run_on_one_node(_process, size, tmp_path, timeout=120)
+    results = {index: outs for index, (outs, _) in got.items()}
     assert sorted(results) == list(range(size))
-    for _, _, kinds in got:  # the step runs the op, not a host call
+    for _, kinds in got.values():  # the step runs the op, not a host call
         assert "TfscaleNodeAllReduce" in kinds
         assert not {"PyFunc", "EagerPyFunc"} & set(kinds)
     for c, (tensors, divisor, _) in enumerate(_calls(0)):
@@ -117,7 +106,7 @@ def test_a_peer_that_exits_or_stalls_is_reported_as_the_python_exchange_does(
                                   directory=tmp_path, ranks=(4, 5))
         value = tf.ones(5)
         # The first call pairs with the peer's Python call on the same segment.
-        first = _native_all_reduce(group, [value], 1, True, "sum")
+        first = native_all_reduce(group, [value], 1, True, "sum")
         assert first is not None
         np.testing.assert_array_equal(first[0].numpy(), np.full(5, 2, np.float32))
         start = time.monotonic()
@@ -133,7 +122,7 @@ def test_a_peer_that_exits_or_stalls_is_reported_as_the_python_exchange_does(
                     r"for exchange 2 \(a peer died\)")
             raises = tf.errors.UnavailableError
         with pytest.raises(raises, match=want) as caught:
-            _native_all_reduce(group, [value], 1, True, "sum")
+            native_all_reduce(group, [value], 1, True, "sum")
         assert time.monotonic() - start < 20, "found by its pid or the timeout, not later"
         assert str(describe_peer_failure(caught.value)).startswith("lost contact with worker 5 ")
     finally:
@@ -157,7 +146,7 @@ def test_without_a_compiler_the_build_says_so_and_the_exchange_stays_in_python(
         group = SharedMemoryGroup("unused", 0, 2, directory=tmp_path)
         import tensorflow as tf
 
-        assert _native_all_reduce(group, [tf.ones(3)], 1, True, "sum") is None
+        assert native_all_reduce(group, [tf.ones(3)], 1, True, "sum") is None
     finally:
         native.library.cache_clear()
 

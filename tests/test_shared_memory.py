@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import run_on_one_node
 from tfscale.config.errors import describe_peer_failure
 from tfscale.exchange import shared_memory
 from tfscale.exchange.hierarchical import HierarchicalAllReduce, open_shared_memory
@@ -60,24 +61,8 @@ def host_values(index: int) -> np.ndarray:
     return np.array([index, np.nan if index == 1 else np.inf, -0.5 * index])
 
 
-def run_node(size: int, directory: Path) -> dict[int, tuple[list[Any], list[str], Any]]:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    procs = [context.Process(target=_process, args=(i, size, str(directory), queue))
-             for i in range(size)]
-    for p in procs:
-        p.start()
-    try:
-        results = {}
-        for _ in procs:
-            index, outs, left, rows = queue.get(timeout=60)
-            results[index] = (outs, left, rows)
-        return results
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+def run_node(size: int, directory: Path) -> dict[int, tuple[Any, ...]]:
+    return run_on_one_node(_process, size, directory)
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])

@@ -73,7 +73,7 @@ class Counts:
         if node is not None:
             from tfscale.exchange import hierarchical
 
-            exchange, native = node.all_reduce, hierarchical._native_all_reduce
+            exchange, native = node.all_reduce, hierarchical.native_all_reduce
 
             def counted_op(node, values, divisor, copy, name):  # type: ignore[no-untyped-def]
                 outs = native(node, values, divisor, copy, name)
@@ -82,7 +82,7 @@ class Counts:
                     self.divisors.add(int(divisor))
                 return outs
 
-            hierarchical._native_all_reduce = counted_op
+            hierarchical.native_all_reduce = counted_op
 
             def counted_exchange(*args, **kwargs):  # type: ignore[no-untyped-def]
                 self.exchanges += 1

@@ -96,7 +96,7 @@ def _record_divisors(reduce: Any) -> set[int]:
     divisors: set[int] = set()
     if reduce is None or reduce.node is None:
         return divisors
-    exchange, native = reduce.node.all_reduce, hierarchical._native_all_reduce
+    exchange, native = reduce.node.all_reduce, hierarchical.native_all_reduce
 
     def recorded(*tensors: Any, **kwargs: Any) -> Any:  # the exchange in tf.numpy_function
         divisors.add(int(kwargs.get("divisor", 1)))
@@ -109,7 +109,7 @@ def _record_divisors(reduce: Any) -> set[int]:
         return outs
 
     reduce.node.all_reduce = recorded
-    hierarchical._native_all_reduce = recorded_op
+    hierarchical.native_all_reduce = recorded_op
     return divisors
 
 

@@ -270,7 +270,7 @@ class HierarchicalAllReduce:
         copy = not self.transient
         name = f"{self.name}.{dtype.name}".replace(".", "_")
         if self.cross_set is None and self.cross_sum is None:
-            outs = _native_all_reduce(node, values, divisor, copy, f"{name}_node_allreduce")
+            outs = native_all_reduce(node, values, divisor, copy, f"{name}_node_allreduce")
             if outs is None:
                 outs = tf.numpy_function(functools.partial(node.all_reduce, divisor=divisor,
                                                            copy=copy),
@@ -297,7 +297,7 @@ class HierarchicalAllReduce:
                 for o, t in zip(tf.nest.flatten(outs), tensors, strict=True)]
 
 
-def _native_all_reduce(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
+def native_all_reduce(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
                        divisor: int, copy: bool, name: str) -> list[Any] | None:
     """The node's all-reduce of ``values`` (tensors of one dtype) as
     :mod:`tfscale.exchange.native`'s op, on the segment that the Python calls would use; None

@@ -188,8 +188,10 @@ class NodeAllReduce : public OpKernel {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     auto check = start + kLiveness;
+    std::vector<int64_t> behind;
+    behind.reserve(size_);
     while (true) {
-      std::vector<int64_t> behind;
+      behind.clear();
       for (int64_t i = 0; i < size_; ++i) {
         if (__atomic_load_n(Flag(kind, i), __ATOMIC_ACQUIRE) < value) behind.push_back(i);
       }
