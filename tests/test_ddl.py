@@ -177,6 +177,12 @@ def test_hierarchical_all_reduce_matches_flat_all_reduce(layout: str, exchange: 
         assert result["node_transport"] == (
             "" if per_node == 1 else "Horovod collectives" if exchange == "collectives"
             else "shared memory")
+        # ... as tfscale's ops in a step, not host calls: the whole all-reduce on one node,
+        # the reduce-scatter and all-gather around the cross-node sum on several.
+        assert result["node_ops"] == (
+            [] if per_node == 1 or exchange == "collectives"
+            else ["TfscaleNodeAllReduce"] if np_ == per_node
+            else ["TfscaleNodeAllGather", "TfscaleNodeReduceScatter"]), result["node_ops"]
         # Integer-valued sums are exact in any order: bit-identical to Horovod's flat sums,
         # fused, one tensor at a time (sizes 1, 3, 35, 13, 7) and with float16 on the wire.
         for key in ("exact_vs_flat", "exact_alone_vs_flat", "exact_fp16_vs_flat"):

@@ -1,6 +1,7 @@
-"""The shared-memory all-reduce as a TensorFlow op (tfscale.exchange.native) between real
-processes: bit for bit what the Python exchange gives, on the same segments, and the same
-errors when a peer dies or stalls."""
+"""The shared-memory exchange as TensorFlow ops (tfscale.exchange.native) between real
+processes: the node's all-reduce, and its reduce-scatter and all-gather around a cross-node
+sum, bit for bit what the Python exchange gives, on the same segments, and the same errors
+when a peer dies or stalls."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from tests.conftest import run_on_one_node
 from tfscale.config.errors import describe_peer_failure
 from tfscale.exchange import native
-from tfscale.exchange.hierarchical import native_all_reduce
+from tfscale.exchange.hierarchical import native_all_reduce, native_node_phases
 from tfscale.exchange.shared_memory import SharedMemoryGroup
 
 # Shapes that do not fill whole cache lines (a scalar, an empty tensor, odd sizes), and two
@@ -53,12 +54,28 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
                 results = native_all_reduce(group, values, divisor, not views, "sum")
             return results
 
-        native_out = [o.numpy().copy() for o in step([tf.constant(t) for t in tensors])]
-        kinds |= {op.type for op in step.get_concrete_function(
-            [tf.constant(t) for t in tensors]).graph.get_operations()}
+        @tf.function
+        def phases(values: list[Any], divisor: int = divisor, views: bool = views) -> Any:
+            # The node phases of a job on several nodes, twice in a row; doubling the chunk
+            # stands in for the cross-node sum of two nodes that hold the same tensors.
+            results = None
+            for _ in range(2):
+                pair = native_node_phases(group, values, "phases")
+                assert pair is not None
+                results = pair.all_gather(pair.reduce_scatter() * 2, divisor, not views)
+            return results
+
+        constants = [tf.constant(t) for t in tensors]
+        native_out = [o.numpy().copy() for o in step(constants)]
         # The Python exchange on the same segment right after: its calls number on.
         python_out = [o.copy() for o in group.all_reduce(*tensors, divisor=divisor)]
-        outs.append((native_out, python_out))
+        native_phases = [o.numpy().copy() for o in phases(constants)]
+        python_phases = [o.copy() for o in group.all_gather(
+            group.reduce_scatter(*tensors) * 2, divisor=divisor)]
+        for function in (step, phases):
+            kinds |= {op.type for op in
+                      function.get_concrete_function(constants).graph.get_operations()}
+        outs.append((native_out, python_out, native_phases, python_phases))
     queue.put((index, outs, sorted(kinds)))
 
 
@@ -68,19 +85,26 @@ def test_the_op_gives_the_python_exchanges_sums_bit_for_bit(size: int, tmp_path:
     got = run_on_one_node(_process, size, tmp_path, timeout=120)
     results = {index: outs for index, (outs, _) in got.items()}
     assert sorted(results) == list(range(size))
-    for _, kinds in got.values():  # the step runs the op, not a host call
-        assert "TfscaleNodeAllReduce" in kinds
+    for _, kinds in got.values():  # the steps run the ops, not a host call
+        assert {"TfscaleNodeAllReduce", "TfscaleNodeReduceScatter",
+                "TfscaleNodeAllGather"} <= set(kinds)
         assert not {"PyFunc", "EagerPyFunc"} & set(kinds)
     for c, (tensors, divisor, _) in enumerate(_calls(0)):
         parts = [_calls(i)[c][0] for i in range(size)]
         for index in range(size):
-            native_out, python_out = results[index][c]
+            native_out, python_out, native_phases, python_phases = results[index][c]
             for k, (got, want) in enumerate(zip(native_out, python_out, strict=True)):
                 assert got.dtype == tensors[k].dtype and got.shape == tensors[k].shape
                 np.testing.assert_array_equal(got, want, err_msg=f"call {c}, tensor {k}")
                 # ... and the same on every process, and the mean it stands for.
                 np.testing.assert_array_equal(got, results[0][c][0][k])
                 expected = sum(p[k].astype(np.float64) for p in parts) / divisor
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+            for k, (got, want) in enumerate(zip(native_phases, python_phases, strict=True)):
+                assert got.dtype == tensors[k].dtype and got.shape == tensors[k].shape
+                np.testing.assert_array_equal(got, want, err_msg=f"phases {c}, tensor {k}")
+                np.testing.assert_array_equal(got, results[0][c][2][k])
+                expected = 2 * sum(p[k].astype(np.float64) for p in parts) / divisor
                 np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 

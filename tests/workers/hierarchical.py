@@ -67,13 +67,18 @@ def main() -> None:
             for i, t in enumerate(mine)]
     fused = reduce.sum([tf.constant(t) for t in mine])
     alone = [reduce.sum([tf.constant(t)])[0] for t in mine]
-    graph = tf.function(lambda ts: reduce.sum(ts))([tf.constant(t) for t in mine])
+    step = tf.function(lambda ts: reduce.sum(ts))
+    graph = step([tf.constant(t) for t in mine])
+    # What runs the node phases in the step: tfscale's ops, or host calls.
+    node_ops = sorted({op.type for op in step.get_concrete_function(
+        [tf.constant(t) for t in mine]).graph.get_operations()
+        if op.type.startswith("TfscaleNode") or op.type.endswith("PyFunc")})
     mean = reduce([tf.constant(t) for t in mine])
     fp16 = dataclasses.replace(reduce, compression=True, name="fp16").sum(
         [tf.constant(t) for t in mine[:exact]])
     result = {
         "rank": topo.rank, "nodes": [list(n) for n in topo.nodes],
-        "node_transport": reduce.node_transport,
+        "node_transport": reduce.node_transport, "node_ops": node_ops,
         "exact_vs_flat": max_diff(fused[:exact], flat[:exact]),
         "exact_alone_vs_flat": max_diff(alone[:exact], flat[:exact]),
         "exact_fp16_vs_flat": max_diff(fp16, flat[:exact]),

@@ -277,8 +277,14 @@ class HierarchicalAllReduce:
                                          values, [dtype] * len(values), stateful=True,
                                          name=f"{name}_node_allreduce")
         else:
-            chunk = tf.numpy_function(node.reduce_scatter, values, dtype, stateful=True,
-                                      name=f"{name}_node_reducescatter")
+            # Both node phases as ops, or both in tf.numpy_function (the Python pair keeps
+            # the segment of its reduce_scatter for its all_gather).
+            native_phases = native_node_phases(node, values, f"{name}_node")
+            if native_phases is not None:
+                chunk = native_phases.reduce_scatter()
+            else:
+                chunk = tf.numpy_function(node.reduce_scatter, values, dtype, stateful=True,
+                                          name=f"{name}_node_reducescatter")
             wire = tf.float16 if self.compression and dtype.is_floating else dtype
             chunk = tf.cast(chunk, wire)
             if self.cross_sum is not None:
@@ -288,23 +294,25 @@ class HierarchicalAllReduce:
                 chunk = self.hvd.allreduce(chunk, op=self.hvd.Sum,
                                            name=f"{self.name}.{dtype.name}.allreduce",
                                            process_set=self.cross_set)
-            outs = tf.numpy_function(functools.partial(node.all_gather, divisor=divisor,
-                                                       copy=copy),
-                                     [tf.cast(chunk, dtype)], [dtype] * len(values),
-                                     stateful=True, name=f"{name}_node_allgather")
+            if native_phases is not None:
+                outs = native_phases.all_gather(tf.cast(chunk, dtype), divisor, copy)
+            else:
+                outs = tf.numpy_function(functools.partial(node.all_gather, divisor=divisor,
+                                                           copy=copy),
+                                         [tf.cast(chunk, dtype)], [dtype] * len(values),
+                                         stateful=True, name=f"{name}_node_allgather")
         # (numpy_function gives a lone tensor, not a list, for a list of one output.)
         return [tf.ensure_shape(o, t.shape)
                 for o, t in zip(tf.nest.flatten(outs), tensors, strict=True)]
 
 
-def native_all_reduce(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
-                       divisor: int, copy: bool, name: str) -> list[Any] | None:
-    """The node's all-reduce of ``values`` (tensors of one dtype) as
-    :mod:`tfscale.exchange.native`'s op, on the segment that the Python calls would use; None
-    where the op cannot run it (one process, a dtype other than float32 and float64, a shape
-    not known when traced, or no op library), for ``tf.numpy_function`` to run the same
-    exchange. The segment is made when the step is traced, which every process of the node
-    does."""
+def _native_segment(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
+                    ) -> tuple[Any, shared_memory.Segment] | None:
+    """(op library, segment) for :mod:`tfscale.exchange.native`'s ops on ``values`` (tensors of
+    one dtype); None where the ops cannot run them (one process, a dtype other than float32 and
+    float64, a shape not known when traced, or no op library), for ``tf.numpy_function`` to
+    run the same exchange. The segment is made when the step is traced, which every process
+    of the node does."""
     import tensorflow as tf
 
     dtype = values[0].dtype
@@ -314,10 +322,62 @@ def native_all_reduce(node: shared_memory.SharedMemoryGroup, values: Sequence[An
     library = native.library()
     if library is None:
         return None
-    segment = node.segment(np.dtype(dtype.as_numpy_dtype),
-                           tuple(tuple(v.shape) for v in values))
+    return library, node.segment(np.dtype(dtype.as_numpy_dtype),
+                                 tuple(tuple(v.shape) for v in values))
+
+
+def _segment_attrs(node: shared_memory.SharedMemoryGroup,
+                   segment: shared_memory.Segment) -> dict[str, Any]:
+    """The attrs that place an op of :mod:`tfscale.exchange.native` on ``segment``."""
+    return {"address": segment.address, "offsets": list(segment.offsets),
+            "length": segment.length, "index": node.index, "size": node.size,
+            "ranks": list(node.ranks), "timeout_s": node.timeout_s}
+
+
+def native_all_reduce(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
+                      divisor: int, copy: bool, name: str) -> list[Any] | None:
+    """The node's all-reduce of ``values`` (tensors of one dtype) as
+    :mod:`tfscale.exchange.native`'s op, on the segment that the Python calls would use; None
+    where the op cannot run it (:func:`_native_segment`)."""
+    found = _native_segment(node, values)
+    if found is None:
+        return None
+    library, segment = found
     outs: list[Any] = library.tfscale_node_all_reduce(
-        values, address=segment.address, offsets=list(segment.offsets), length=segment.length,
-        index=node.index, size=node.size, divisor=divisor, views=not copy,
-        ranks=list(node.ranks), timeout_s=node.timeout_s, name=name)
+        values, divisor=divisor, views=not copy, name=name, **_segment_attrs(node, segment))
     return outs
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeNodePhases:
+    """Phases 1 and 3 of one hierarchical all-reduce of ``values`` as
+    :mod:`tfscale.exchange.native`'s ops: :meth:`reduce_scatter` gives this process's chunk of
+    the node's sum; :meth:`all_gather` takes that chunk's cross-node sum and gives the
+    tensors. The same steps, segment and additions as the node's Python
+    ``reduce_scatter``/``all_gather``, with no host call."""
+
+    library: Any
+    attrs: dict[str, Any]
+    values: tuple[Any, ...]
+    name: str
+
+    def reduce_scatter(self) -> Any:
+        return self.library.tfscale_node_reduce_scatter(
+            list(self.values), name=f"{self.name}_reducescatter", **self.attrs)
+
+    def all_gather(self, chunk: Any, divisor: int, copy: bool) -> list[Any]:
+        outs: list[Any] = self.library.tfscale_node_all_gather(
+            chunk, N=len(self.values), shapes=[v.shape for v in self.values], divisor=divisor,
+            views=not copy, name=f"{self.name}_allgather", **self.attrs)
+        return outs
+
+
+def native_node_phases(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
+                       name: str) -> NativeNodePhases | None:
+    """:class:`NativeNodePhases` for ``values``, or None where the ops cannot run them
+    (:func:`_native_segment`)."""
+    found = _native_segment(node, values)
+    if found is None:
+        return None
+    library, segment = found
+    return NativeNodePhases(library, _segment_attrs(node, segment), tuple(values), name)

@@ -106,7 +106,7 @@ class PeerTimeout(RuntimeError):
     """A process of the node did not reach the same exchange in time."""
 
 
-class _Segment:
+class Segment:
     """The mapped segment for tensors of ``shapes`` and ``dtype`` (see the module doc)."""
 
     def __init__(self, path: Path, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
@@ -305,17 +305,17 @@ class SharedMemoryGroup:
         self.key, self.index, self.size, self.timeout_s = key, index, size, timeout_s
         self.ranks = tuple(ranks) or tuple(range(size))
         self.directory = directory
-        self._segments: dict[tuple[str, tuple[tuple[int, ...], ...]], _Segment] = {}
-        self._last: _Segment | None = None
+        self._segments: dict[tuple[str, tuple[tuple[int, ...], ...]], Segment] = {}
+        self._last: Segment | None = None
 
-    def _segment(self, tensors: Sequence[np.ndarray]) -> _Segment:
+    def _segment(self, tensors: Sequence[np.ndarray]) -> Segment:
         dtype = tensors[0].dtype
         if any(t.dtype != dtype for t in tensors):
             raise ValueError(f"one exchange takes tensors of one dtype, not "
                              f"{sorted({t.dtype.name for t in tensors})}")
         return self.segment(dtype, tuple(tuple(t.shape) for t in tensors))
 
-    def segment(self, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> _Segment:
+    def segment(self, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> Segment:
         """The segment for calls on tensors of ``shapes`` and ``dtype``, made and mapped by
         every process of the node on first use (each waits for the others there)."""
         dtype = np.dtype(dtype)
@@ -327,7 +327,7 @@ class SharedMemoryGroup:
             # rather than map one made for other tensors.
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
             path = self.directory / f"tfscale-{self.key}-{digest}"
-            self._segments[key] = _Segment(path, dtype, shapes, self.index, self.size,
+            self._segments[key] = Segment(path, dtype, shapes, self.index, self.size,
                                            self._wait, self.timeout_s)
         return self._segments[key]
 

@@ -1,7 +1,9 @@
-// The shared-memory all-reduce of tfscale.exchange.shared_memory as one TensorFlow op.
+// The shared-memory exchange of tfscale.exchange.shared_memory as TensorFlow ops: the node's
+// whole all-reduce (TfscaleNodeAllReduce, a job on one node), and its two halves around a
+// cross-node sum (TfscaleNodeReduceScatter, then TfscaleNodeAllGather, a job on several nodes).
 //
 // The same segment, protocol and order of additions as the module's Python, which creates and
-// maps the segment and hands its address to this op (the layout and the steps of a call are
+// maps the segment and hands its address to these ops (the layout and the steps of a call are
 // in that module's doc). Run from TensorFlow's executor, a call needs no Python: no
 // tf.numpy_function around it, no interpreter or lock of its own, its outputs handed to the
 // optimizer as views of the results buffer (or as copies).
@@ -38,6 +40,7 @@ using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Status;
+using tensorflow::DataType;
 using tensorflow::Tensor;
 
 constexpr int64_t kLine = 64;  // bytes per counter (shared_memory._LINE)
@@ -71,76 +74,88 @@ bool Alive(int64_t pid) {
   return text[close + 2] != 'Z';
 }
 
+// What every op on a segment shares: its attrs, counters, buffers, sum and waits.
 template <typename T>
-class NodeAllReduce : public OpKernel {
+class SegmentKernel : public OpKernel {
  public:
-  explicit NodeAllReduce(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    int64_t address = 0, divisor = 1;
+  explicit SegmentKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    int64_t address = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("address", &address));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("offsets", &offsets_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("length", &length_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("index", &index_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("divisor", &divisor));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("views", &views_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ranks", &ranks_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_s", &timeout_s_));
     OP_REQUIRES(ctx, size_ >= 2 && index_ >= 0 && index_ < size_ &&
                          static_cast<int64_t>(ranks_.size()) == size_ && length_ % size_ == 0,
-                tensorflow::errors::InvalidArgument("TfscaleNodeAllReduce: bad segment attrs"));
+                tensorflow::errors::InvalidArgument(name(), ": bad segment attrs"));
     base_ = reinterpret_cast<char*>(address);
-    // The scale as NumPy applies it: 1 / divisor in double, then in the tensors' dtype.
-    scale_ = static_cast<T>(1.0 / static_cast<double>(divisor));
+    chunk_ = length_ / size_;
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    const int n = ctx->num_inputs();
-    OP_REQUIRES(ctx, n == static_cast<int>(offsets_.size()),
-                tensorflow::errors::InvalidArgument("TfscaleNodeAllReduce: ", n, " inputs for ",
-                                                    offsets_.size(), " offsets"));
-    // The call's number is shared with the module's Python calls on the same segment: one more
-    // than the last this process finished.
-    const int64_t c = Flag(kGathered, index_)[0] + 1;
-    OP_REQUIRES_OK(ctx, Wait(kGathered, c - 1, "finish exchange " + std::to_string(c - 1)));
-    const int64_t chunk = length_ / size_;
+ protected:
+  // The call's number is shared with the module's Python calls on the same segment: one more
+  // than the last this process finished.
+  int64_t Call() { return Flag(kGathered, index_)[0] + 1; }
+
+  // shared_memory.Segment.reduce_scatter: copies the other processes' chunks of ``inputs``
+  // (tensors laid out at ``offsets_``) to their buffers, waits for theirs, and sums this
+  // process's chunk (times ``scale``) into call ``c``'s results buffer.
+  Status ReduceScatter(OpKernelContext* ctx, int64_t c, T scale) {
+    TF_RETURN_IF_ERROR(Wait(kGathered, c - 1, "finish exchange " + std::to_string(c - 1)));
     for (int64_t j = 0; j < size_; ++j) {
       if (j == index_) continue;
       T* into = Buffer(((index_ - j) % size_ + size_) % size_, c);
-      ForPieces(ctx, j * chunk, (j + 1) * chunk, [&](int64_t lo, int64_t hi, const T* src) {
+      ForPieces(ctx, j * chunk_, (j + 1) * chunk_, [&](int64_t lo, int64_t hi, const T* src) {
         memcpy(into + lo, src, (hi - lo) * sizeof(T));
       });
     }
     Publish(kWritten, c);
-    OP_REQUIRES_OK(ctx, Wait(kWritten, c, "write its tensors for exchange " + std::to_string(c)));
-    ForPieces(ctx, index_ * chunk, (index_ + 1) * chunk,
-              [&](int64_t lo, int64_t hi, const T* mine) { Sum(lo, hi, mine, c); });
+    TF_RETURN_IF_ERROR(Wait(kWritten, c, "write its tensors for exchange " + std::to_string(c)));
+    ForPieces(ctx, index_ * chunk_, (index_ + 1) * chunk_,
+              [&](int64_t lo, int64_t hi, const T* mine) { Sum(lo, hi, mine, c, scale); });
+    return Status();
+  }
+
+  // shared_memory.Segment.all_gather, once this process's chunk of the results is in place:
+  // waits for every chunk, hands out the tensors of ``shapes`` as views of the results buffer
+  // (``views``) or as copies, and counts the call finished.
+  Status AllGather(OpKernelContext* ctx, int64_t c, DataType dtype,
+                   const std::vector<tensorflow::TensorShape>& shapes, bool views) {
     Publish(kReduced, c);
-    OP_REQUIRES_OK(ctx, Wait(kReduced, c, "write its chunk for exchange " + std::to_string(c)));
+    TF_RETURN_IF_ERROR(Wait(kReduced, c, "write its chunk for exchange " + std::to_string(c)));
     T* results = Buffer(1, c);
-    for (int t = 0; t < n; ++t) {
-      const Tensor& in = ctx->input(t);
+    for (size_t t = 0; t < shapes.size(); ++t) {
       T* from = results + offsets_[t];
-      if (views_) {
-        auto* buffer = new Borrowed(from, in.NumElements() * sizeof(T));
-        Tensor out(in.dtype(), in.shape(), buffer);
+      const int64_t count = shapes[t].num_elements();
+      if (views) {
+        auto* buffer = new Borrowed(from, count * sizeof(T));
+        Tensor out(dtype, shapes[t], buffer);
         buffer->Unref();
         ctx->set_output(t, out);
       } else {
         Tensor* out = nullptr;
-        OP_REQUIRES_OK(ctx, ctx->allocate_output(t, in.shape(), &out));
-        memcpy(out->flat<T>().data(), from, in.NumElements() * sizeof(T));
+        TF_RETURN_IF_ERROR(ctx->allocate_output(t, shapes[t], &out));
+        memcpy(out->flat<T>().data(), from, count * sizeof(T));
       }
     }
     Publish(kGathered, c);
+    return Status();
   }
 
- private:
+  Status CheckInputs(OpKernelContext* ctx) const {
+    if (ctx->num_inputs() == static_cast<int>(offsets_.size())) return Status();
+    return tensorflow::errors::InvalidArgument(name(), ": ", ctx->num_inputs(),
+                                               " inputs for ", offsets_.size(), " offsets");
+  }
+
   int64_t* Flag(int kind, int64_t i) {
     return reinterpret_cast<int64_t*>(base_ + (kind * size_ + i) * kLine);
   }
   // A counter is published after the data it stands for (x86-64 keeps stores in order).
   void Publish(int kind, int64_t c) { __atomic_store_n(Flag(kind, index_), c, __ATOMIC_RELEASE); }
-  // shared_memory._Segment._buffer: distance 1 is the results, by the call's parity.
+  // shared_memory.Segment._buffer: distance 1 is the results, by the call's parity.
   T* Buffer(int64_t distance, int64_t call) {
     const int64_t b = distance == 1 ? call % 2 : distance;
     return reinterpret_cast<T*>(base_ + kKinds * size_ * kLine) + b * length_;
@@ -157,17 +172,17 @@ class NodeAllReduce : public OpKernel {
     }
   }
 
-  // shared_memory._Segment._sum, element by element in the same order: two parts added
+  // shared_memory.Segment._sum, element by element in the same order: two parts added
   // (either way round is the same, bit for bit) and scaled; three or more added in local index
   // order, then scaled. The sum goes where the next process's part lies.
-  void Sum(int64_t lo, int64_t hi, const T* mine, int64_t c) {
+  void Sum(int64_t lo, int64_t hi, const T* mine, int64_t c, T scale) {
     T* total = Buffer(1, c) + lo;
     const int64_t count = hi - lo;
     if (size_ == 2) {
-      if (scale_ == T(1)) {
+      if (scale == T(1)) {
         for (int64_t k = 0; k < count; ++k) total[k] += mine[k];
       } else {
-        for (int64_t k = 0; k < count; ++k) total[k] = (total[k] + mine[k]) * scale_;
+        for (int64_t k = 0; k < count; ++k) total[k] = (total[k] + mine[k]) * scale;
       }
       return;
     }
@@ -178,7 +193,7 @@ class NodeAllReduce : public OpKernel {
     for (int64_t e = 0; e < count; ++e) {
       T acc = parts[0][e] + parts[1][e];
       for (int64_t k = 2; k < size_; ++k) acc += parts[k][e];
-      if (scale_ != T(1)) acc *= scale_;
+      if (scale != T(1)) acc *= scale;
       total[e] = acc;
     }
   }
@@ -247,40 +262,173 @@ class NodeAllReduce : public OpKernel {
 
   char* base_ = nullptr;
   std::vector<int64_t> offsets_;
-  int64_t length_ = 0, index_ = 0, size_ = 0;
+  int64_t length_ = 0, index_ = 0, size_ = 0, chunk_ = 0;
   std::vector<int64_t> ranks_;
   float timeout_s_ = 0;
+};
+
+// The scale as NumPy applies it: 1 / divisor in double, then in the tensors' dtype.
+template <typename T>
+T ScaleOf(int64_t divisor) {
+  return static_cast<T>(1.0 / static_cast<double>(divisor));
+}
+
+// The node's all-reduce (SharedMemoryGroup.all_reduce): the mean's scale applied in the sum.
+template <typename T>
+class NodeAllReduce : public SegmentKernel<T> {
+ public:
+  explicit NodeAllReduce(OpKernelConstruction* ctx) : SegmentKernel<T>(ctx) {
+    int64_t divisor = 1;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("divisor", &divisor));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("views", &views_));
+    scale_ = ScaleOf<T>(divisor);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, this->CheckInputs(ctx));
+    const int64_t c = this->Call();
+    OP_REQUIRES_OK(ctx, this->ReduceScatter(ctx, c, scale_));
+    std::vector<tensorflow::TensorShape> shapes;
+    for (int t = 0; t < ctx->num_inputs(); ++t) shapes.push_back(ctx->input(t).shape());
+    OP_REQUIRES_OK(ctx, this->AllGather(ctx, c, ctx->input(0).dtype(), shapes, views_));
+  }
+
+ private:
   bool views_ = true;
   T scale_ = T(1);
 };
 
+// SharedMemoryGroup.reduce_scatter: the node's sum of this process's chunk, as a new tensor
+// (the cross-node phase's input).
+template <typename T>
+class NodeReduceScatter : public SegmentKernel<T> {
+ public:
+  using SegmentKernel<T>::SegmentKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, this->CheckInputs(ctx));
+    const int64_t c = this->Call();
+    OP_REQUIRES_OK(ctx, this->ReduceScatter(ctx, c, T(1)));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({this->chunk_}), &out));
+    memcpy(out->flat<T>().data(), this->Buffer(1, c) + this->index_ * this->chunk_,
+           this->chunk_ * sizeof(T));
+  }
+};
+
+// SharedMemoryGroup.all_gather after a reduce_scatter: this process's chunk replaced by
+// ``chunk`` (its cross-node sum) divided by ``divisor``, then every chunk gathered.
+template <typename T>
+class NodeAllGather : public SegmentKernel<T> {
+ public:
+  explicit NodeAllGather(OpKernelConstruction* ctx) : SegmentKernel<T>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("divisor", &divisor_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("views", &views_));
+    std::vector<tensorflow::PartialTensorShape> shapes;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shapes", &shapes));
+    OP_REQUIRES(ctx, shapes.size() == this->offsets_.size(),
+                tensorflow::errors::InvalidArgument(this->name(), ": ", shapes.size(), " shapes for ",
+                                                    this->offsets_.size(), " offsets"));
+    for (const auto& shape : shapes) {
+      tensorflow::TensorShape full;
+      OP_REQUIRES(ctx, shape.AsTensorShape(&full),
+                  tensorflow::errors::InvalidArgument(this->name(), ": a shape not fully known"));
+      shapes_.push_back(full);
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& chunk = ctx->input(0);
+    OP_REQUIRES(ctx, chunk.NumElements() == this->chunk_,
+                tensorflow::errors::InvalidArgument(this->name(), ": a chunk of ", chunk.NumElements(),
+                                                    " elements for ", this->chunk_));
+    // The same call as the reduce_scatter before it: this process has not finished it yet.
+    const int64_t c = this->Call();
+    T* total = this->Buffer(1, c) + this->index_ * this->chunk_;
+    const T* in = chunk.flat<T>().data();
+    if (divisor_ != 1) {  // NumPy's divide: the int divisor in the chunk's dtype
+      const T divisor = static_cast<T>(divisor_);
+      for (int64_t k = 0; k < this->chunk_; ++k) total[k] = in[k] / divisor;
+    } else {
+      memcpy(total, in, this->chunk_ * sizeof(T));
+    }
+    OP_REQUIRES_OK(ctx, this->AllGather(ctx, c, chunk.dtype(), shapes_, views_));
+  }
+
+ private:
+  int64_t divisor_ = 1;
+  bool views_ = true;
+  std::vector<tensorflow::TensorShape> shapes_;
+};
+
 }  // namespace
+
+// The attrs that place an op on its segment (tfscale.exchange.hierarchical passes them).
+#define TFSCALE_SEGMENT_ATTRS                  \
+  Attr("T: {float, double}")                   \
+      .Attr("address: int")                    \
+      .Attr("offsets: list(int)")              \
+      .Attr("length: int")                     \
+      .Attr("index: int")                      \
+      .Attr("size: int")                       \
+      .Attr("ranks: list(int)")                \
+      .Attr("timeout_s: float")
 
 REGISTER_OP("TfscaleNodeAllReduce")
     .Input("tensors: N * T")
     .Output("sums: N * T")
-    .Attr("T: {float, double}")
     .Attr("N: int >= 1")
-    .Attr("address: int")
-    .Attr("offsets: list(int)")
-    .Attr("length: int")
-    .Attr("index: int")
-    .Attr("size: int")
+    .TFSCALE_SEGMENT_ATTRS
     .Attr("divisor: int = 1")
     .Attr("views: bool = true")
-    .Attr("ranks: list(int)")
-    .Attr("timeout_s: float")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
       return Status();
     });
 
-REGISTER_KERNEL_BUILDER(
-    Name("TfscaleNodeAllReduce").Device(tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
-    NodeAllReduce<float>);
-REGISTER_KERNEL_BUILDER(
-    Name("TfscaleNodeAllReduce").Device(tensorflow::DEVICE_CPU).TypeConstraint<double>("T"),
-    NodeAllReduce<double>);
+REGISTER_OP("TfscaleNodeReduceScatter")
+    .Input("tensors: N * T")
+    .Output("chunk: T")
+    .Attr("N: int >= 1")
+    .TFSCALE_SEGMENT_ATTRS
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      int64_t length = 0, size = 1;
+      TF_RETURN_IF_ERROR(c->GetAttr("length", &length));
+      TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
+      c->set_output(0, c->Vector(size > 0 ? length / size : 0));
+      return Status();
+    });
+
+REGISTER_OP("TfscaleNodeAllGather")
+    .Input("chunk: T")
+    .Output("sums: N * T")
+    .Attr("N: int >= 1")
+    .Attr("shapes: list(shape)")
+    .TFSCALE_SEGMENT_ATTRS
+    .Attr("divisor: int = 1")
+    .Attr("views: bool = true")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      std::vector<tensorflow::PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+      for (size_t i = 0; i < shapes.size() && static_cast<int>(i) < c->num_outputs(); ++i) {
+        tensorflow::shape_inference::ShapeHandle out;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &out));
+        c->set_output(i, out);
+      }
+      return Status();
+    });
+
+#define TFSCALE_KERNELS(op, kernel)                                                          \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name(op).Device(tensorflow::DEVICE_CPU).TypeConstraint<float>("T"), kernel<float>);   \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name(op).Device(tensorflow::DEVICE_CPU).TypeConstraint<double>("T"), kernel<double>)
+
+TFSCALE_KERNELS("TfscaleNodeAllReduce", NodeAllReduce);
+TFSCALE_KERNELS("TfscaleNodeReduceScatter", NodeReduceScatter);
+TFSCALE_KERNELS("TfscaleNodeAllGather", NodeAllGather);
 
 }  // namespace tfscale
