@@ -14,7 +14,8 @@ printed while it was sampled) is its milliseconds per step; the table shows the 
 whose time grew most from one process to the worker, and the totals by library. Code that a
 JIT compiled (oneDNN's kernels) has no symbols and is counted as one entry. A third table
 names the TensorFlow op whose kernel each sample ran under (the nearest ``...Op::Compute`` in
-its call stack): Eigen's element-wise kernels all show as the same unreadable
+its call stack, or tfscale's own exchange kernel, ``tfscale::...::Compute``): Eigen's
+element-wise kernels all show as the same unreadable
 ``std::_Function_handler<...TensorExecutor...>`` by function, and their op says which they
 are (on an AMD EPYC, of the kernels that name their op, ``ApplyKerasMomentumOp``, the
 update, grew most). JIT-compiled code and Python keep no frame pointers, so their samples
@@ -56,8 +57,11 @@ JIT = "(JIT-compiled code)"
 _LINE = re.compile(r"^\s*([\d.]+)%\s+(.+?)\s{2,}\[([.kg])\]\s+(.*?)\s*$")
 _RATE = re.compile(r"step (\d+)/\d+ .*?([\d.]+) images/s")
 # A kernel's frame in a call stack: "tensorflow::ApplyKerasMomentumOp<...>::Compute(...)",
-# "tensorflow::(anonymous namespace)::FooOp::Compute", "tensorflow::functor::BarOp<...>::Compute".
-_OP = re.compile(r"tensorflow::(?:\w+::|\(anonymous namespace\)::)*(\w+Op)(?:<.*?>)?::Compute")
+# "tensorflow::(anonymous namespace)::FooOp::Compute", "tensorflow::functor::BarOp<...>::Compute",
+# and tfscale's own, whose classes are not named ...Op:
+# "tfscale::(anonymous namespace)::NodeAllReduce<float>::Compute".
+_OP = re.compile(r"tensorflow::(?:\w+::|\(anonymous namespace\)::)*(\w+Op)(?:<.*?>)?::Compute"
+                 r"|tfscale::(?:\w+::|\(anonymous namespace\)::)*(\w+)(?:<.*?>)?::Compute")
 NO_OP = "(no TensorFlow op in the stack)"
 
 
@@ -84,7 +88,8 @@ def parse_ops(text: str) -> dict[str, float]:
     for sample in re.split(r"\n\s*\n", text):
         frames = [line for line in sample.splitlines() if line.strip()]
         if frames:
-            counts[next((m.group(1) for m in map(_OP.search, frames) if m), NO_OP)] += 1
+            counts[next((m.group(1) or m.group(2) for m in map(_OP.search, frames) if m),
+                        NO_OP)] += 1
     total = sum(counts.values())
     return {op: n / total for op, n in counts.items()} if total else {}
 
