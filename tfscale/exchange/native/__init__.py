@@ -1,10 +1,12 @@
-"""The shared-memory all-reduce as a TensorFlow op, built from ``node_all_reduce.cc`` on first use.
+"""The shared-memory exchange as TensorFlow ops, built from ``node_all_reduce.cc`` on first use.
 
 :mod:`tfscale.exchange.shared_memory` runs each call in ``tf.numpy_function``: TensorFlow hands
 the gradients to Python, the interpreter runs the copies, the sum and the waits, and the
-outputs go back. The op does the same steps on the same segment from TensorFlow's executor, so
-a step's exchange costs no host call and no Python (on a 2-core AMD EPYC, horovod's 2-worker
-``mlp`` ran 4-5% faster with it; bench/RESULTS.md).
+outputs go back. The ops do the same steps on the same segment from TensorFlow's executor, so
+a step's exchange costs no host call and no Python: ``TfscaleNodeAllReduce``, the whole
+all-reduce of a job on one node (on a 2-core AMD EPYC, horovod's 2-worker ``mlp`` ran 4-5%
+faster with it; bench/RESULTS.md), and ``TfscaleNodeReduceScatter`` and
+``TfscaleNodeAllGather``, the node phases around the cross-node sum of a job on several.
 
 The library is compiled once per TensorFlow version and source, with the compiler that built
 Horovod (``$CXX``, else ``g++``) and the flags ``tf.sysconfig`` gives, into
