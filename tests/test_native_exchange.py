@@ -133,6 +133,13 @@ def test_a_peer_that_exits_or_stalls_is_reported_as_the_python_exchange_does(
         first = native_all_reduce(group, [value], 1, True, "sum")
         assert first is not None
         np.testing.assert_array_equal(first[0].numpy(), np.full(5, 2, np.float32))
+        # An all-gather with no reduce-scatter before it says so, and waits for no one.
+        lone = native_node_phases(group, [value], "lone")
+        assert lone is not None
+        chunk = tf.zeros(group.segment(np.dtype(np.float32), ((5,),)).length // 2)
+        with pytest.raises(tf.errors.FailedPreconditionError,
+                           match="no TfscaleNodeReduceScatter made exchange 2 on this segment"):
+            lone.all_gather(chunk, 1, True)
         start = time.monotonic()
         if stall:
             want = (r"shared-memory exchange: rank\(s\) \[5\] \(local process\(es\) \[1\]\) of "

@@ -344,6 +344,10 @@ class NodeAllGather : public SegmentKernel<T> {
                                                     " elements for ", this->chunk_));
     // The same call as the reduce_scatter before it: this process has not finished it yet.
     const int64_t c = this->Call();
+    OP_REQUIRES(ctx, this->Flag(kWritten, this->index_)[0] == c,
+                tensorflow::errors::FailedPrecondition(
+                    this->name(), ": no TfscaleNodeReduceScatter made exchange ", c,
+                    " on this segment; an all-gather pairs with the reduce-scatter before it"));
     T* total = this->Buffer(1, c) + this->index_ * this->chunk_;
     const T* in = chunk.flat<T>().data();
     if (divisor_ != 1) {  // NumPy's divide: the int divisor in the chunk's dtype
