@@ -328,7 +328,7 @@ class SharedMemoryGroup:
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
             path = self.directory / f"tfscale-{self.key}-{digest}"
             self._segments[key] = Segment(path, dtype, shapes, self.index, self.size,
-                                           self._wait, self.timeout_s)
+                                          self._wait, self.timeout_s)
         return self._segments[key]
 
     def _wait(self, flags: np.ndarray, value: int, what: str,

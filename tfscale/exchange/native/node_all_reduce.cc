@@ -119,24 +119,26 @@ class SegmentKernel : public OpKernel {
   }
 
   // shared_memory.Segment.all_gather, once this process's chunk of the results is in place:
-  // waits for every chunk, hands out the tensors of ``shapes`` as views of the results buffer
-  // (``views``) or as copies, and counts the call finished.
-  Status AllGather(OpKernelContext* ctx, int64_t c, DataType dtype,
-                   const std::vector<tensorflow::TensorShape>& shapes, bool views) {
+  // waits for every chunk, hands out output t, of shape ``shape_of(t)``, as a view of the
+  // results buffer (``views``) or as a copy, and counts the call finished.
+  template <typename ShapeOf>
+  Status AllGather(OpKernelContext* ctx, int64_t c, DataType dtype, ShapeOf shape_of,
+                   bool views) {
     Publish(kReduced, c);
     TF_RETURN_IF_ERROR(Wait(kReduced, c, "write its chunk for exchange " + std::to_string(c)));
     T* results = Buffer(1, c);
-    for (size_t t = 0; t < shapes.size(); ++t) {
+    for (size_t t = 0; t < offsets_.size(); ++t) {
+      const tensorflow::TensorShape& shape = shape_of(t);
       T* from = results + offsets_[t];
-      const int64_t count = shapes[t].num_elements();
+      const int64_t count = shape.num_elements();
       if (views) {
         auto* buffer = new Borrowed(from, count * sizeof(T));
-        Tensor out(dtype, shapes[t], buffer);
+        Tensor out(dtype, shape, buffer);
         buffer->Unref();
         ctx->set_output(t, out);
       } else {
         Tensor* out = nullptr;
-        TF_RETURN_IF_ERROR(ctx->allocate_output(t, shapes[t], &out));
+        TF_RETURN_IF_ERROR(ctx->allocate_output(t, shape, &out));
         memcpy(out->flat<T>().data(), from, count * sizeof(T));
       }
     }
@@ -288,9 +290,13 @@ class NodeAllReduce : public SegmentKernel<T> {
     OP_REQUIRES_OK(ctx, this->CheckInputs(ctx));
     const int64_t c = this->Call();
     OP_REQUIRES_OK(ctx, this->ReduceScatter(ctx, c, scale_));
-    std::vector<tensorflow::TensorShape> shapes;
-    for (int t = 0; t < ctx->num_inputs(); ++t) shapes.push_back(ctx->input(t).shape());
-    OP_REQUIRES_OK(ctx, this->AllGather(ctx, c, ctx->input(0).dtype(), shapes, views_));
+    // Each output has its input's shape.
+    OP_REQUIRES_OK(ctx, this->AllGather(
+                            ctx, c, ctx->input(0).dtype(),
+                            [ctx](size_t t) -> const tensorflow::TensorShape& {
+                              return ctx->input(t).shape();
+                            },
+                            views_));
   }
 
  private:
@@ -356,7 +362,12 @@ class NodeAllGather : public SegmentKernel<T> {
     } else {
       memcpy(total, in, this->chunk_ * sizeof(T));
     }
-    OP_REQUIRES_OK(ctx, this->AllGather(ctx, c, chunk.dtype(), shapes_, views_));
+    OP_REQUIRES_OK(ctx, this->AllGather(
+                            ctx, c, chunk.dtype(),
+                            [this](size_t t) -> const tensorflow::TensorShape& {
+                              return shapes_[t];
+                            },
+                            views_));
   }
 
  private:
