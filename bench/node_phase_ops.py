@@ -19,12 +19,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import time
 from typing import Any
 
-from bench.common import OUT, ROOT, cpu_description, in_round_order, save, table
-from bench.shaped_links import ACROSS, CLUSTER, shape, train
+from bench.common import OUT, cpu_description, in_round_order, save, table
+from bench.shaped_links import ACROSS, shape, train, two_nodes
 from tfscale.cli.output import ends_quietly
 from tfscale.exchange.native import SWITCH
 
@@ -37,7 +36,7 @@ def measure(model: str, gbit: float, rounds: int) -> list[dict[str, Any]]:
     layouts = [layout for layout in ACROSS if layout.name in LAYOUTS]
     cases = [(layout, arm) for layout in layouts for arm in ARMS]
     runs = []
-    shape(gbit)
+    shape(gbit)  # two_nodes() unshapes it
     try:
         for round_ in range(rounds):
             for layout, arm in in_round_order(cases, round_):
@@ -49,7 +48,6 @@ def measure(model: str, gbit: float, rounds: int) -> list[dict[str, Any]]:
                       f"{result['images_per_sec']:.0f} images/s", flush=True)
     finally:
         os.environ.pop(SWITCH, None)
-        shape(0)
     return runs
 
 
@@ -94,16 +92,9 @@ def main() -> int:
     if args.report:
         print(report(json.loads((OUT / "node_phase_ops.json").read_text())))
         return 0
-    was_up = subprocess.run([*CLUSTER, "status"], cwd=ROOT, capture_output=True,
-                            check=False).returncode == 0
-    if subprocess.run([*CLUSTER, "up", "--nodes=2"], cwd=ROOT, check=False).returncode:
-        raise SystemExit("the mini-cluster did not start (root and namespaces are needed)")
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    try:
+    with two_nodes():
         runs = measure(args.model, args.gbit, args.rounds)
-    finally:
-        if not was_up:  # leave the machine as it was
-            subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
     saved = {"cpu": cpu_description(), "when": start, "model": args.model, "gbit": args.gbit,
              "rounds": args.rounds, "runs": runs, "rows": rows(runs)}
     save("node_phase_ops", saved)

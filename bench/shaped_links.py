@@ -26,6 +26,7 @@ it. The kernel here has no ``netem``: latency is the path's own, measured, not a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,22 @@ ACROSS = (
            flags=("--node_exchange=shared_memory",), algorithm="hierarchical"),
 )
 STRATEGIES = tuple(sorted({layout.strategy for layout in ACROSS}))
+
+
+@contextlib.contextmanager
+def two_nodes() -> Iterator[None]:
+    """The two-node mini-cluster up for the block, its links unshaped afterwards, and down
+    again if it was down before (the machine left as it was)."""
+    was_up = subprocess.run([*CLUSTER, "status"], cwd=ROOT, capture_output=True,
+                            check=False).returncode == 0
+    if subprocess.run([*CLUSTER, "up", "--nodes=2"], cwd=ROOT, check=False).returncode:
+        sys.exit("the mini-cluster did not start (root and namespaces are needed)")
+    try:
+        yield
+    finally:
+        shape(0)
+        if not was_up:
+            subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
 
 
 def _cluster(*args: str, timeout: float = 900, on: str = "") -> subprocess.CompletedProcess[str]:
@@ -232,19 +250,10 @@ def main() -> int:
                      f"{', '.join(by_name)}")
     layouts = tuple(by_name[name] for name in wanted) or ACROSS
     if not args.report:
-        was_up = subprocess.run([*CLUSTER, "status"], cwd=ROOT, capture_output=True,
-                                check=False).returncode == 0
-        up = subprocess.run([*CLUSTER, "up", "--nodes=2"], cwd=ROOT, check=False)
-        if up.returncode:
-            sys.exit("the mini-cluster did not start (root and namespaces are needed)")
         earlier = json.loads((OUT / "shaped_links.json").read_text()) if args.append else None
-        try:
+        with two_nodes():
             save("shaped_links", measure([float(x) for x in args.links.split(",")],
                                          args.rounds, earlier, layouts))
-        finally:
-            shape(0)
-            if not was_up:  # leave the machine as it was
-                subprocess.run([*CLUSTER, "down"], cwd=ROOT, check=False)
     from bench.shaped_links_report import report
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the
