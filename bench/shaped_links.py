@@ -19,6 +19,12 @@ shaped rate) and against ``tfscale.forecast``, whose machine is calibrated on th
 Every node has one core of this machine (launch.minicluster), so the 2 ranks of a node share
 it. The kernel here has no ``netem``: latency is the path's own, measured, not added.
 
+Since 2026-11-28 a run's images/s is taken after its first progress interval (mlp: steps
+201-1000, resnet50: 5-24), and each one-node run runs on both nodes at once, two separate
+jobs, whose mean is the baseline: the nodes share this machine's cache and memory, which a
+two-node run keeps busy on both. Sets measured before (200 mlp steps, 8 resnet50 steps, the
+other node idle) keep their figures.
+
     python -m bench.shaped_links [--rounds 2 --links 1,10,25]   (as root)
     python -m bench.shaped_links --report [--result FILE]         (tables from the last run)
 """
@@ -30,6 +36,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,11 +52,12 @@ CLUSTER = [sys.executable, "-m", "launch.minicluster"]
 NODES = ("node1", "node2")
 PORT = 47011
 MODELS = {
-    "mlp": ["--model=mlp", "--image_size=32", "--batch_size=64", "--steps=200",
-            "--log_every=100"],
-    "resnet50": ["--model=resnet50", "--image_size=64", "--batch_size=16", "--steps=8",
+    "mlp": ["--model=mlp", "--image_size=32", "--batch_size=64", "--steps=1000",
+            "--log_every=200"],
+    "resnet50": ["--model=resnet50", "--image_size=64", "--batch_size=16", "--steps=24",
                  "--log_every=4"],
 }
+_PROGRESS = re.compile(r"^step (\d+)/\d+ .*?([0-9.]+) images/s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,20 +169,57 @@ def in_node_figures() -> dict[str, Any]:
     return result
 
 
+def steady_rate(stdout: str) -> float | None:
+    """Images/s over the progress intervals after the first (None with fewer than two): a
+    job's first steps after the compiled one still warm up (Horovod's first negotiation of
+    each tensor, the fusion buffer's allocation; a resnet50 step 2 across nodes took 1.6 s
+    against 1.25 after it, 2026-11-28), and over a few steps that alone moves the mean."""
+    intervals = []
+    last = 1  # the first (compiled) step is never in a progress rate
+    for line in stdout.splitlines():
+        if (m := _PROGRESS.match(line.strip())) and float(m.group(2)) > 0:
+            step = int(m.group(1))
+            intervals.append((step - last, float(m.group(2))))
+            last = step
+    later = intervals[1:]
+    if not later:
+        return None
+    return sum(steps for steps, _ in later) / sum(steps / rate for steps, rate in later)
+
+
+def _train_command(model: str, layout: Layout, where: list[str], model_dir: Path) -> list[str]:
+    mpi = ["--mpi=pmix"] if layout.strategy != "multiworker" else []
+    return [*CLUSTER, "exec", "srun", *where, f"--ntasks-per-node={layout.local}", *mpi,
+            "--kill-on-bad-exit=1", sys.executable, "-m", "tfscale.train", *MODELS[model],
+            f"--strategy={layout.strategy}", *layout.flags, "--learning_rate=0.01",
+            "--tensorboard=false", f"--model_dir={model_dir}"]
+
+
 def train(model: str, layout: Layout) -> dict[str, Any]:
-    """One run of tfscale.train under srun on the cluster; its results.json."""
+    """One run of tfscale.train under srun on the cluster: its results.json, with
+    ``steady_images_per_sec`` (:func:`steady_rate`). A one-node run runs on both nodes at once,
+    as two separate jobs, and reports the first node's (``neighbour_images_per_sec``: the
+    other's): the nodes of this cluster share one machine's cache and memory, which a two-node
+    run keeps busy on both, so its one-node baseline must too (resnet50 on one core ran 5%
+    slower with the same job on the other core, 2026-11-28); real nodes share neither."""
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
-        where = ["-N2"] if layout.nodes == 2 else ["-N1", "-w", NODES[0]]
-        mpi = ["--mpi=pmix"] if layout.strategy != "multiworker" else []
-        proc = _cluster("srun", *where, f"--ntasks-per-node={layout.local}", *mpi,
-                        "--kill-on-bad-exit=1", sys.executable, "-m", "tfscale.train",
-                        *MODELS[model], f"--strategy={layout.strategy}", *layout.flags,
-                        "--learning_rate=0.01", "--tensorboard=false",
-                        f"--model_dir={tmp}/run")
-        if proc.returncode:
-            raise RuntimeError(f"{model} {layout.name} failed:\n{proc.stdout[-2000:]}"
-                               f"{proc.stderr[-2000:]}")
-        results: dict[str, Any] = json.loads((Path(tmp) / "run" / "results.json").read_text())
+        nodes = [["-N2"]] if layout.nodes == 2 else [["-N1", "-w", node] for node in NODES]
+        procs = [subprocess.Popen(_train_command(model, layout, where, Path(tmp) / f"run{i}"),
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+                 for i, where in enumerate(nodes)]
+        outputs = [proc.communicate(timeout=900) for proc in procs]
+        for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
+            if proc.returncode:
+                raise RuntimeError(f"{model} {layout.name} failed:\n{stdout[-2000:]}"
+                                   f"{stderr[-2000:]}")
+        found = [json.loads((Path(tmp) / f"run{i}" / "results.json").read_text())
+                 for i in range(len(procs))]
+        results: dict[str, Any] = found[0]
+        results["steady_images_per_sec"] = steady_rate(outputs[0][0])
+        if len(found) > 1:
+            results["neighbour_images_per_sec"] = (steady_rate(outputs[1][0])
+                                                   or found[1]["images_per_sec"])
         return results
 
 
@@ -207,12 +252,16 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             result = train(model, layout)
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
                          "images_per_sec": result["images_per_sec"],
+                         "steady_images_per_sec": result["steady_images_per_sec"],
+                         "neighbour_images_per_sec": result.get("neighbour_images_per_sec"),
                          "step_time_ms": result.get("step_time_ms"),
                          "exchange": result.get("exchange"), "hosts": result.get("hosts"),
                          "num_workers": result["num_workers"],
                          "wall_s": time.monotonic() - start})
             print(f"[round {round_}] {gbit:g} Gbit/s {model} {layout.name}: "
-                  f"{result['images_per_sec']:.1f} images/s ({result.get('exchange')})",
+                  f"{result['images_per_sec']:.1f} images/s, after the first interval "
+                  f"{result['steady_images_per_sec'] or float('nan'):.1f} "
+                  f"({result.get('exchange')})",
                   flush=True)
             save("shaped_links", {**header, "partial": True, "links": link_rows, "runs": runs})
     shape(0)

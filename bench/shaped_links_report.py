@@ -58,10 +58,20 @@ def _mean(values: list[float]) -> float:
     return statistics.mean(values) if values else float("nan")
 
 
+def rate_of(run: dict[str, Any]) -> float:
+    """A run's images/s: after its first progress interval where the result has it (sets from
+    2026-11-28 on), else over all its timed steps. A one-node run that ran on both nodes at
+    once counts as the mean of the two (the same job under the same conditions: two samples
+    of the baseline)."""
+    rate: float = run.get("steady_images_per_sec") or run["images_per_sec"]
+    neighbour = run.get("neighbour_images_per_sec")
+    return (rate + neighbour) / 2 if neighbour else rate
+
+
 def _by_round(result: dict[str, Any]) -> dict[int, dict[tuple[float, str, str], float]]:
     runs: dict[int, dict[tuple[float, str, str], float]] = defaultdict(dict)
     for run in result["runs"]:
-        runs[run["round"]][(run["gbit"], run["model"], run["layout"])] = run["images_per_sec"]
+        runs[run["round"]][(run["gbit"], run["model"], run["layout"])] = rate_of(run)
     return runs
 
 

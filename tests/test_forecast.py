@@ -480,6 +480,28 @@ def test_kept_shaped_link_runs_give_the_documented_forecast_count(
     assert f"**{count} within 10%; worst {worst.split()[0]}**" in doc
 
 
+def test_shaped_link_runs_are_timed_after_their_first_interval() -> None:
+    """bench.shaped_links times a run over its progress intervals after the first (a job's
+    first steps across nodes still warm up); a one-node baseline that ran on both nodes at
+    once is the mean of the two; a kept set without these fields keeps its old figure."""
+    from bench.shaped_links import steady_rate
+    from bench.shaped_links_report import rate_of
+
+    out = "\n".join([
+        "step 1/24  loss 6.9  images/s after compilation  elapsed 0:00:14",
+        "step 4/24  loss 6.8  30.00 images/s (exchange 38%)  elapsed 0:00:16",
+        "step 8/24  loss 6.7  50.00 images/s (exchange 15%)  elapsed 0:00:17",
+        "step 12/24  loss 6.6  25.00 images/s (exchange 14%)  elapsed 0:00:18"])
+    # Steps 5-12: 8 steps in 4/50 + 4/25 of the time unit: 33.3, not the mean 37.5, and
+    # not pulled down by the first interval's 30.
+    assert steady_rate(out) == pytest.approx(8 / (4 / 50 + 4 / 25))
+    assert steady_rate("\n".join(out.splitlines()[:2])) is None
+    assert rate_of({"images_per_sec": 40.0, "steady_images_per_sec": None}) == 40.0
+    assert rate_of({"images_per_sec": 40.0, "steady_images_per_sec": 42.0}) == 42.0
+    assert rate_of({"images_per_sec": 40.0, "steady_images_per_sec": 42.0,
+                    "neighbour_images_per_sec": 38.0}) == 40.0
+
+
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
     """``bench.shaped_links --report | head`` must not end in a BrokenPipeError traceback: the
     pipe's reader is gone before the command starts, so its first write meets it."""
