@@ -3,8 +3,10 @@
 With one rank per node it times Horovod's all-reduce (MPI, the transport tfscale's strategies
 take across nodes) of one float32 tensor per size; with every rank on one node it times
 tfscale's shared-memory node exchange instead (the in-node phase of the hierarchical
-all-reduce). Rank 0 prints one JSON line: seconds per call for each size in bytes, the bus
-bandwidth of each (nccl-tests' definition, bytes / time x 2(n-1)/n) and the small-message time.
+all-reduce), or, with ``--horovod``, Horovod's all-reduce there too (Open MPI's shared memory:
+the in-node hops of a flat ring over every rank). Rank 0 prints one JSON line: seconds per
+call for each size in bytes, the bus bandwidth of each (nccl-tests' definition, bytes / time x
+2(n-1)/n) and the small-message time.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _timed(call: Callable[[], object], barrier: Callable[[], object], seconds: f
 def main() -> None:
     hvd.init()
     n = hvd.size()
-    one_node = hvd.cross_size() == 1
+    one_node = hvd.cross_size() == 1 and "--horovod" not in sys.argv[1:]
     barrier: Callable[[], object] = lambda: hvd.allreduce(tf.zeros(1), name="barrier").numpy()  # noqa: E731
     if one_node:
         from tfscale.exchange.shared_memory import SharedMemoryGroup

@@ -158,11 +158,13 @@ def link_figures() -> dict[str, Any]:
     return figures
 
 
-def in_node_figures() -> dict[str, Any]:
-    """The shared-memory exchange between the 2 ranks of one node."""
+def in_node_figures(*flags: str) -> dict[str, Any]:
+    """The all-reduce between the 2 ranks of one node (its one core): tfscale's shared-memory
+    exchange, or with ``--horovod`` Horovod's (Open MPI's shared memory, a flat ring's
+    in-node hop)."""
     proc = _cluster("srun", "-N1", "-w", NODES[0], "--ntasks-per-node=2", "--mpi=pmix",
                     "--kill-on-bad-exit=1", sys.executable, "-m", "bench.link_allreduce_worker",
-                    timeout=600)
+                    *flags, timeout=600)
     if proc.returncode:
         raise RuntimeError(f"in-node all-reduce failed:\n{proc.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -238,7 +240,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for round_ in range(first, first + rounds):
         shape(0)
-        link_rows.append({"round": round_, "gbit": 0.0, "in_node": in_node_figures()})
+        link_rows.append({"round": round_, "gbit": 0.0, "in_node": in_node_figures(),
+                          "in_node_ring": in_node_figures("--horovod")})
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})

@@ -115,9 +115,17 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     local = layout.local
     figures = ModelFigures(preset.gradient_bytes, batch_size, local, {"fp32": node_rate},
                            preset.backward_fraction, None, "bench.shaped_links")
-    host_s = (host_ns or {}).get(layout.strategy, base.host_s_per_byte * 1e9) * 1e-9
-    return dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
-                               host_s_per_byte=host_s)
+    # A flat ring's in-node hop, one way: the round's one-node Horovod all-reduce moved each
+    # byte both ways on the one core, so a hop runs at twice its bus bandwidth.
+    ring = links[0.0].get("in_node_ring")
+    hop = 2 * _size_row(ring, preset.gradient_bytes)["busbw_GBps"] if ring else 0.0
+    machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
+                                  ring_hop_GBps=hop)
+    if host_ns and layout.strategy in host_ns:
+        host_s = host_ns[layout.strategy] * 1e-9
+        machine = dataclasses.replace(machine, host_s_per_byte=host_s,
+                                      idle_host_s_per_byte=host_s)
+    return machine
 
 
 def transport_of(layout: Any) -> str:
@@ -180,6 +188,15 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
                           "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"]
                                                       for f in inside]),
                           "rounds": len(inside)})
+    ring = [links[r][0.0]["in_node_ring"] for r in links
+            if 0.0 in links[r] and "in_node_ring" in links[r][0.0]]
+    if ring:
+        link_rows.append({"link": "inside a node (Horovod: Open MPI's shared memory, a flat "
+                                  "ring's in-node hop; 2 ranks on 1 core)",
+                          "busbw 64 MiB GB/s": _mean([_size_row(f)["busbw_GBps"] for f in ring]),
+                          "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"]
+                                                      for f in ring]),
+                          "rounds": len(ring)})
     run_rows = []
     keys = sorted({(run["gbit"], run["model"], run["layout"]) for run in result["runs"]},
                   key=lambda k: (k[1], k[0], list(layouts).index(k[2])))

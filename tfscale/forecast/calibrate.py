@@ -13,7 +13,8 @@ Two or three child processes (TensorFlow loads only in them):
 4. a NumPy child (no TensorFlow) that times an all-reduce between two processes on one core
    over loopback TCP while a third keeps that core computing: the host time per byte of an
    exchange on a busy core (``exchange.host_ns_per_byte``), and the same with the core
-   otherwise idle, for comparison.
+   otherwise idle (``exchange.idle_ns_per_byte``, what the forecast charges where the exchange
+   runs after the backward pass).
 
 The compute run logs every step; the spread of its step times (sd / mean, the first steps left
 out) is the machine's ``stragglers.step_cv``.
@@ -243,7 +244,7 @@ def write(base: str, out: Path, model: str, entry: dict[str, Any]) -> machines.M
     if host:
         exchange = doc.setdefault("exchange", {"overlap": False})
         exchange.update(host_ns_per_byte=host["host_ns_per_byte"],
-                        host_source=host["source"])
+                        idle_ns_per_byte=host["idle_ns_per_byte"], host_source=host["source"])
         exchange.setdefault("source", host["source"])
     if stragglers:
         doc["stragglers"] = stragglers

@@ -23,7 +23,10 @@ Optional terms, each with its source (docs/FORECAST.md, "The model"): a link's
 ``software_latency_us`` (the collective library's own time per message step, added to the
 wire's ``latency_us``); ``exchange.host_ns_per_byte``, the host time per byte of the exchange
 on a core that also computes (``--calibrate`` measures it; used where a node's ranks outnumber
-its ``node.cores``);
+its ``node.cores``), and ``exchange.idle_ns_per_byte``, the same on a core otherwise idle (used
+instead where ``exchange.overlap`` is false: the exchange runs after the backward pass);
+``intra_node.ring_hop_GBps``, the rate of one hop of a flat ring between two ranks of a node
+that share its core, through the ring's own transport, when it is not ``intra_node``'s;
 ``stragglers.step_cv``, the spread of one rank's step time (sd / mean) that a synchronous
 step pays as the expected slowest of its ranks.
 """
@@ -71,6 +74,16 @@ class Machine:
     host_s_per_byte: float = 0.0  # the exchange's host time per byte on a busy core
     cores_per_node: int = 0  # cores the node's ranks share (0: one core per rank at least)
     step_cv: float = 0.0  # spread of a rank's step time (sd / mean): stragglers
+    idle_host_s_per_byte: float = 0.0  # the same with the core otherwise idle (0: not given)
+    ring_hop_GBps: float = 0.0  # a flat ring's in-node hop between ranks sharing a core
+
+    def host_rate(self) -> float:
+        """Host seconds per byte of an exchange where a node's ranks share its cores: the
+        idle core's figure when the exchange runs after the backward pass (``overlap``
+        false: nothing computes beside it) and the file gives it, else the busy core's."""
+        if not self.overlap and self.idle_host_s_per_byte:
+            return self.idle_host_s_per_byte
+        return self.host_s_per_byte
 
     def model(self, model: str) -> ModelFigures:
         """The figures the file holds for ``model``.
@@ -138,6 +151,11 @@ def parse(raw: Any, path: Path) -> Machine:
     models = check.section(doc["models"], "models", ())
     host_ns = (check.number(exchange, "exchange", "host_ns_per_byte", low_inclusive=True)
                if "host_ns_per_byte" in exchange else 0.0)
+    idle_ns = (check.number(exchange, "exchange", "idle_ns_per_byte", low_inclusive=True)
+               if "idle_ns_per_byte" in exchange else 0.0)
+    ring_hop = (check.number(doc["intra_node"], "intra_node", "ring_hop_GBps")
+                if isinstance(doc["intra_node"], dict) and "ring_hop_GBps" in doc["intra_node"]
+                else 0.0)
     stragglers = doc.get("stragglers", {"step_cv": 0.0, "source": "not given: none"})
     check.section(stragglers, "stragglers", ("step_cv", "source"))
     return Machine(
@@ -150,7 +168,8 @@ def parse(raw: Any, path: Path) -> Machine:
         raw=doc, host_s_per_byte=host_ns * 1e-9,
         cores_per_node=check.count(node, "node", "cores") if "cores" in node else 0,
         step_cv=check.number(stragglers, "stragglers", "step_cv", low_inclusive=True,
-                             high=1.0))
+                             high=1.0),
+        idle_host_s_per_byte=idle_ns * 1e-9, ring_hop_GBps=ring_hop)
 
 
 class _Checker:

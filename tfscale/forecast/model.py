@@ -138,23 +138,30 @@ class Exchange:
 
     def allreduce(self, local: int, nodes: int, intra: Link, inter: Link,
                   host_s_per_byte: float = 0.0, transport: str = "shared_memory",
-                  ) -> Callable[[float], float]:
+                  ring_hop_GBps: float = 0.0) -> Callable[[float], float]:
         """Seconds to all-reduce one fused message of ``nbytes`` (before compression).
 
         ``host_s_per_byte`` > 0 where a node's ranks share a core that also computes: the
         links were measured with one rank per node and its core otherwise idle, so there the
-        message takes the longer of its alpha-beta time and the host time of every byte the
-        node's ranks put through the network stack (:func:`host_bytes`, over ``transport``) at
-        the busy core's rate, plus the message steps' latency (and, hierarchical, plus the
-        in-node phases)."""
+        message takes the longer of its alpha-beta time and the host-bound time (the host time
+        of every byte the node's ranks put through the network stack, :func:`host_bytes` over
+        ``transport``, at ``host_s_per_byte``, plus the message steps' latency; hierarchical,
+        plus the in-node phases), and then, flat over ``"shared_memory"``, the ring's
+        ``local - 1`` in-node hops of each node, one way each, which take their turn on the
+        same core, at ``ring_hop_GBps`` (the flat ring's own in-node transport, e.g. Open MPI's
+        shared memory between two ranks on one core; default: ``intra``'s bandwidth)."""
         flat = self.algorithm == "flat"
         algorithm = flat_allreduce_s if flat else hierarchical_allreduce_s
         scale = 0.5 if self.fp16 else 1.0
-        # The host-bound part: a flat ring's hops all run at once, so the host time stands in
-        # for the whole ring; the hierarchical exchange's in-node phases run before and after
-        # its ring across nodes, so they add to that ring's host time, not hide behind it.
+        # The host-bound part: the hierarchical exchange's in-node phases run before and after
+        # its ring across nodes, so they add to that ring's host time, not hide behind it. A
+        # flat ring's hops run at once on separate cores, but where a node's ranks share one
+        # core, its in-node hops and its hop across take turns on it. Over tcp, host_bytes
+        # already counts the in-node hops (they go through the stack).
         host_links = (Link(math.inf, intra.latency_us) if flat else intra,
                       Link(math.inf, inter.latency_us))
+        hop_Bps = (ring_hop_GBps or intra.bandwidth_GBps) * 1e9
+        in_node_hops = flat and transport == "shared_memory" and nodes > 1
 
         def seconds(nbytes: float) -> float:
             sent = nbytes * scale
@@ -163,7 +170,11 @@ class Exchange:
                 return wire
             host = (algorithm(sent, local, nodes, *host_links)
                     + host_s_per_byte * host_bytes(sent, self.algorithm, local, nodes, transport))
-            return max(wire, host)
+            hops = 0.0
+            if in_node_hops:  # the core's turn at them, after its hop across, alpha-beta or host
+                ranks = local * nodes
+                hops = (local - 1) * 2 * (ranks - 1) / ranks * sent / hop_Bps
+            return max(wire, host) + hops
 
         return seconds
 

@@ -106,9 +106,9 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
                host: bool = True) -> Callable[[float], float]:
     m = plan.machine
     shared = bool(m.cores_per_node) and local > m.cores_per_node  # ranks share cores
-    host_s = m.host_s_per_byte if host and shared else 0.0
+    host_s = m.host_rate() if host and shared else 0.0
     return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
-                            plan.transport)
+                            plan.transport, m.ring_hop_GBps)
 
 
 def _step(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchange) -> _Step:
