@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from typing import Any
 
 from bench.common import OUT, ROOT, cpu_description, in_round_order, save
 from tfscale.cli.output import ends_quietly
+from tfscale.forecast.calibrate import progress_rates
 
 CLUSTER = [sys.executable, "-m", "launch.minicluster"]
 NODES = ("node1", "node2")
@@ -57,7 +57,6 @@ MODELS = {
     "resnet50": ["--model=resnet50", "--image_size=64", "--batch_size=16", "--steps=24",
                  "--log_every=4"],
 }
-_PROGRESS = re.compile(r"^step (\d+)/\d+ .*?([0-9.]+) images/s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,11 +177,9 @@ def steady_rate(stdout: str) -> float | None:
     against 1.25 after it, 2026-11-28), and over a few steps that alone moves the mean."""
     intervals = []
     last = 1  # the first (compiled) step is never in a progress rate
-    for line in stdout.splitlines():
-        if (m := _PROGRESS.match(line.strip())) and float(m.group(2)) > 0:
-            step = int(m.group(1))
-            intervals.append((step - last, float(m.group(2))))
-            last = step
+    for step, rate in progress_rates(stdout):
+        intervals.append((step - last, rate))
+        last = step
     later = intervals[1:]
     if not later:
         return None
@@ -210,7 +207,13 @@ def train(model: str, layout: Layout) -> dict[str, Any]:
                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
                  for i, where in enumerate(nodes)]
-        outputs = [proc.communicate(timeout=900) for proc in procs]
+        try:
+            outputs = [proc.communicate(timeout=900) for proc in procs]
+        finally:  # one that timed out, or whose twin did, is not left running
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
             if proc.returncode:
                 raise RuntimeError(f"{model} {layout.name} failed:\n{stdout[-2000:]}"

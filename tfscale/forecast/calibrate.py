@@ -118,11 +118,17 @@ print(idle * 1e9, busy * 1e9)
 _STEP_LINE = re.compile(r"^step (\d+)/\d+ .*?([0-9.]+) images/s")
 
 
+def progress_rates(stdout: str) -> list[tuple[int, float]]:
+    """(step, images/s) of each of a ``tfscale.train`` run's progress lines that has a rate
+    (the compiled first step's line has none), in order."""
+    return [(int(m.group(1)), float(m.group(2))) for line in stdout.splitlines()
+            if (m := _STEP_LINE.match(line.strip())) and float(m.group(2)) > 0]
+
+
 def step_cv(stdout: str, batch_size: int, skip: int = 2) -> float | None:
     """Spread of the step times (sd / mean) in a run's ``--log_every=1`` progress lines, the
     first ``skip`` timed steps left out (warm-up); None with fewer than 3 steps left."""
-    times = [batch_size / float(m.group(2)) for line in stdout.splitlines()
-             if (m := _STEP_LINE.match(line.strip())) and float(m.group(2)) > 0]
+    times = [batch_size / rate for _, rate in progress_rates(stdout)]
     times = times[skip:]
     if len(times) < 3:
         return None
