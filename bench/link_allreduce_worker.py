@@ -4,9 +4,11 @@ With one rank per node it times Horovod's all-reduce (MPI, the transport tfscale
 take across nodes) of one float32 tensor per size; with every rank on one node it times
 tfscale's shared-memory node exchange instead (the in-node phase of the hierarchical
 all-reduce), or, with ``--horovod``, Horovod's all-reduce there too (Open MPI's shared memory:
-the in-node hops of a flat ring over every rank). Rank 0 prints one JSON line: seconds per
-call for each size in bytes, the bus bandwidth of each (nccl-tests' definition, bytes / time x
-2(n-1)/n) and the small-message time.
+the in-node hops of a flat ring over every rank). With ``--float16`` Horovod's all-reduces
+carry float16 (what ``--fp16_allreduce`` sends: half the bytes, but its sums are Horovod's own
+float16 reduction, not MPI's); sizes are then the float16 bytes. Rank 0 prints one JSON
+line: seconds per call for each size in bytes, the bus bandwidth of each (nccl-tests'
+definition, bytes / time x 2(n-1)/n) and the small-message time.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ def main() -> None:
             tensor = tf.constant(values)
             return lambda: hvd.allreduce(tensor, op=hvd.Sum, name=f"v{values.size}").numpy()
 
+    dtype = np.float16 if "--float16" in sys.argv[1:] and not one_node else np.float32
     rows = []
     for nbytes in (SMALL_BYTES, *(mb * 2**20 for mb in SIZES_MB)):
-        values = np.ones(nbytes // 4, np.float32)
+        values = np.ones(nbytes // np.dtype(dtype).itemsize, dtype)
         seconds = _timed(reducer(values), barrier, 2.0, str(nbytes))
         rows.append({"bytes": nbytes, "seconds": seconds,
                      "busbw_GBps": nbytes / seconds * 2 * (n - 1) / n / 1e9})
     if hvd.rank() == 0:
         print(json.dumps({"ranks": n, "nodes": hvd.cross_size(), "transport": transport,
+                          "dtype": np.dtype(dtype).name,
                           "small_message_us": rows[0]["seconds"] * 1e6, "sizes": rows[1:]}))
     sys.stdout.flush()
 

@@ -170,6 +170,37 @@ def in_node_figures(*flags: str) -> dict[str, Any]:
     return result
 
 
+def cast_figures() -> dict[str, float]:
+    """Per model: nanoseconds per float32 byte of casting its gradients to float16 and back
+    (``--fp16_allreduce``'s work around the all-reduce) on a node's one core
+    (:func:`tfscale.forecast.calibrate.cast_time`)."""
+    from tfscale.forecast.machines import load
+
+    figures = {}
+    for model in MODELS:
+        nbytes = int(load("minicluster_25gbit").model(model).gradient_bytes)
+        proc = _cluster(sys.executable, "-c", "import sys; from tfscale.forecast.calibrate "
+                        "import cast_time; print(cast_time(int(sys.argv[1])))", str(nbytes),
+                        on=NODES[0], timeout=300)
+        if proc.returncode:
+            raise RuntimeError(f"cast timing failed:\n{proc.stderr[-2000:]}")
+        figures[model] = float(proc.stdout.split()[-1])
+    return figures
+
+
+def transport_figures(nbytes: int = 16 * 2**20) -> dict[str, float]:
+    """Host nanoseconds per byte of an all-reduce between two processes on one core otherwise
+    idle, per transport (:mod:`bench.transport_host_time`): ``tcp``, raw sockets (what
+    ``--calibrate`` measures; Horovod's MPI across nodes), ``ring``, tfscale's ring in a
+    ``tf.function`` (multiworker's phase across nodes) and ``grpc``, TensorFlow's collective
+    (multiworker's flat ring)."""
+    from bench.transport_host_time import TRANSPORTS, worker_ns_per_byte
+    from tfscale.forecast.calibrate import host_time
+
+    return {transport: host_time(nbytes)[0] if transport == "tcp"
+            else worker_ns_per_byte(transport, nbytes, busy=False) for transport in TRANSPORTS}
+
+
 def steady_rate(stdout: str) -> float | None:
     """Images/s over the progress intervals after the first (None with fewer than two): a
     job's first steps after the compiled one still warm up (Horovod's first negotiation of
@@ -244,7 +275,9 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     for round_ in range(first, first + rounds):
         shape(0)
         link_rows.append({"round": round_, "gbit": 0.0, "in_node": in_node_figures(),
-                          "in_node_ring": in_node_figures("--horovod")})
+                          "in_node_ring": in_node_figures("--horovod"),
+                          "cast_ns_per_byte": cast_figures(),
+                          "idle_ns_per_byte": transport_figures()})
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})

@@ -119,13 +119,27 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # byte both ways on the one core, so a hop runs at twice its bus bandwidth.
     ring = links[0.0].get("in_node_ring")
     hop = 2 * _size_row(ring, preset.gradient_bytes)["busbw_GBps"] if ring else 0.0
+    # fp16's casts, where the round timed them on a node (older sets did not: none charged).
+    cast_ns = links[0.0].get("cast_ns_per_byte", {}).get(model, 0.0)
     machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
-                                  ring_hop_GBps=hop)
-    if host_ns and layout.strategy in host_ns:
-        host_s = host_ns[layout.strategy] * 1e-9
-        machine = dataclasses.replace(machine, host_s_per_byte=host_s,
-                                      idle_host_s_per_byte=host_s)
+                                  ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9)
+    # The host figure: a what-if's for the strategy, else the round's own measurement of the
+    # run's transport (sets from 2026-11-28 on), else the preset's.
+    measured = links[0.0].get("idle_ns_per_byte", {}).get(host_transport_of(layout))
+    chosen = host_ns[layout.strategy] if host_ns and layout.strategy in host_ns else measured
+    if chosen is not None:
+        machine = dataclasses.replace(machine, host_s_per_byte=chosen * 1e-9,
+                                      idle_host_s_per_byte=chosen * 1e-9)
     return machine
+
+
+def host_transport_of(layout: Any) -> str:
+    """Whose host work per byte the run's exchange across nodes does (bench.transport_host_time's
+    names): TensorFlow's gRPC collective for multiworker's flat ring, tfscale's ring for its
+    phase across nodes, raw TCP (Horovod's MPI) otherwise."""
+    if layout.strategy != "multiworker":
+        return "tcp"
+    return "grpc" if layout.algorithm == "flat" else "ring"
 
 
 def transport_of(layout: Any) -> str:

@@ -3,6 +3,7 @@ errors, the CLI's JSON rows, and --calibrate writing a machine file. No timing i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -11,6 +12,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,6 +157,82 @@ def test_host_time_where_ranks_share_a_core_by_hand() -> None:
     in_node = 2 * 0.5e6 / 10e9
     assert Exchange("hierarchical").allreduce(2, 2, intra, inter, 2e-9)(1e6) == pytest.approx(
         in_node + 10e-6 + 2e-3)
+
+
+def test_fp16_casts_take_their_time_on_the_ranks_cores_by_hand(tmp_path: Path) -> None:
+    """--fp16_allreduce casts what a rank sends to float16 and the sum back: the whole message
+    on a flat ring, the rank's 1/L shard hierarchical (tfscale's node phases stay float32),
+    nothing hierarchical on one node; ranks that share a core cast in turn on it. Without fp16
+    or without a cast figure, nothing."""
+    intra, inter = Link(10.0, 0.0), Link(1.0, 5.0)
+    flat, hier = Exchange("flat", fp16=True), Exchange("hierarchical", fp16=True)
+    cast = 0.2e-9  # seconds per float32 byte, down and up
+    bare = flat.allreduce(2, 2, intra, inter)(1e6)
+    assert flat.allreduce(2, 2, intra, inter, cast_s_per_byte=cast)(1e6) == pytest.approx(
+        bare + 1e6 * cast)
+    assert flat.allreduce(2, 2, intra, inter, cast_s_per_byte=cast, ranks_per_core=2)(
+        1e6) == pytest.approx(bare + 2e6 * cast)
+    # With a host figure the casts come after the longer of wire and host, as the hops do.
+    host = flat.allreduce(2, 2, intra, inter, 2e-9, ring_hop_GBps=1.0)(1e6)
+    assert flat.allreduce(2, 2, intra, inter, 2e-9, ring_hop_GBps=1.0, cast_s_per_byte=cast,
+                          ranks_per_core=2)(1e6) == pytest.approx(host + 2e6 * cast)
+    bare = hier.allreduce(4, 2, intra, inter)(1e6)
+    assert hier.allreduce(4, 2, intra, inter, cast_s_per_byte=cast, ranks_per_core=4)(
+        1e6) == pytest.approx(bare + 4 * 0.25e6 * cast)
+    assert hier.allreduce(4, 1, intra, inter, cast_s_per_byte=cast)(1e6) == pytest.approx(
+        hier.allreduce(4, 1, intra, inter)(1e6))
+    assert flat.allreduce(1, 1, intra, inter, cast_s_per_byte=cast)(1e6) == 0.0
+    exact = Exchange("flat")
+    assert exact.allreduce(2, 2, intra, inter, cast_s_per_byte=cast)(1e6) == pytest.approx(
+        exact.allreduce(2, 2, intra, inter)(1e6))
+    # The machine file's exchange.cast_ns_per_byte reaches the forecast; a bad one is refused.
+    doc = json.loads(machines.resolve("minicluster_25gbit").read_text())
+    pinned = (("algorithm", "flat"), ("fp16", True), ("fusion_mb", 128.0), ("cycle_ms", 5.0))
+    plain = forecast(Plan(machines.parse(doc, tmp_path / "m.json"), "mlp", "fp32", 64, 2,
+                          pinned), [2])[0]
+    doc["exchange"]["cast_ns_per_byte"] = 0.2
+    casting = forecast(Plan(machines.parse(doc, tmp_path / "m.json"), "mlp", "fp32", 64, 2,
+                            pinned), [2])[0]
+    gradients = doc["models"]["mlp"]["gradient_bytes"]
+    # Both ranks of the one-core node cast the whole (fused) gradients, after the backward pass.
+    assert casting.step_ms - plain.step_ms == pytest.approx(2 * gradients * 0.2e-6, rel=0.02)
+    assert casting.terms_ms["host time"] > plain.terms_ms["host time"]
+    doc["exchange"]["cast_ns_per_byte"] = -0.2
+    with pytest.raises(ValueError, match="exchange.cast_ns_per_byte"):
+        machines.parse(doc, tmp_path / "m.json")
+
+
+def test_the_measured_node_is_calibrated_against_a_float32_exchange(tmp_path: Path) -> None:
+    """A node measured with 2 ranks exchanged float32 gradients: pinning fp16 for the forecast
+    must not change the compute taken out of that measurement (it did: the casts charged to
+    the measured node were taken out of its compute, and added back across nodes, so a flat
+    ring's casts cost nothing)."""
+    doc = json.loads(machines.resolve("minicluster_25gbit").read_text())
+    doc["models"]["mlp"]["measured_ranks"] = 2
+    doc["exchange"]["cast_ns_per_byte"] = 0.2
+    machine = machines.parse(doc, tmp_path / "m.json")
+    pins = (("algorithm", "flat"), ("fusion_mb", 128.0), ("cycle_ms", 5.0))
+    exact, half = (forecast(Plan(machine, "mlp", "fp32", 64, 2, (*pins, ("fp16", fp16))), [2])[0]
+                   for fp16 in (False, True))
+    assert half.compute_ms == pytest.approx(exact.compute_ms)
+    one = forecast(Plan(machine, "mlp", "fp32", 64, 2, (*pins, ("fp16", False))), [1])[0]
+    assert one.images_per_sec == pytest.approx(doc["models"]["mlp"]["images_per_sec"]["fp32"],
+                                               rel=1e-3)
+
+
+def test_ranks_that_share_a_core_compute_in_turn() -> None:
+    """A node measured with one rank on its one core (the mini-cluster presets) forecast at 2
+    ranks per node: each rank computes at half the speed, so one node is no faster than one
+    rank (it was forecast 1.6x faster before). Machines without node.cores are unchanged."""
+    plan = Plan(machines.load("minicluster_25gbit"), "mlp", "fp32", 64)
+    one = forecast(plan, [1, 2])
+    two = forecast(dataclasses.replace(plan, ranks_per_node=2), [1, 2])
+    assert two[0].compute_ms == pytest.approx(2 * one[0].compute_ms)
+    assert two[0].images_per_sec <= one[0].images_per_sec
+    assert two[1].images_per_sec < 2 * one[0].images_per_sec
+    summit = Plan(machines.load("summit"), "resnet50", "mixed_float16", 256)
+    assert forecast(dataclasses.replace(summit, ranks_per_node=3), [1])[0].compute_ms == (
+        pytest.approx(forecast(summit, [1])[0].compute_ms))
 
 
 def test_a_node_whose_exchange_runs_after_the_backward_pass_pays_the_idle_host_figure(
@@ -365,9 +443,10 @@ def test_each_row_says_which_term_dominates() -> None:
     fast = dataclasses.replace(slow, machine=machines.load("minicluster_25gbit"))
     assert forecast(fast, [2])[0].terms_ms["host time"] > 0
     # Over loopback TCP (multiworker's gRPC ring) every hop goes through the stack: host time
-    # takes the most of the step.
+    # is the largest loss (compute still dominates: the 2 ranks take turns on the one core).
     tcp = forecast(dataclasses.replace(fast, transport="tcp"), [2])[0]
-    assert tcp.dominant == "host time"
+    assert tcp.dominant == "compute" and tcp.largest_loss.startswith("host time")
+    assert forecast(fast, [2])[0].largest_loss.startswith("bandwidth")
     assert tcp.terms_ms["host time"] > forecast(fast, [2])[0].terms_ms["host time"]
     assert tcp.images_per_sec < forecast(fast, [2])[0].images_per_sec
 
@@ -488,6 +567,8 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     assert figures.batch_size == 16 and rate > 0
     assert "tfscale.train" in figures.source and calibrate.cpu_name() in figures.source
     assert machine.inter == machines.load("minicluster_10gbit").inter
+    assert machine.cast_s_per_byte > 0 and "float16 and back" in machine.raw["exchange"][
+        "host_source"]
     assert forecast(Plan(machine, "mlp", "fp32", 16), [2])[0].images_per_sec > 0
     assert machine.host_s_per_byte > 0 and "loopback TCP" in machine.raw["exchange"]["host_source"]
     assert 0 < machine.idle_host_s_per_byte == machine.host_rate()
@@ -544,6 +625,39 @@ def test_shaped_link_runs_are_timed_after_their_first_interval() -> None:
     assert rate_of({"images_per_sec": 40.0, "steady_images_per_sec": 42.0}) == 42.0
     assert rate_of({"images_per_sec": 40.0, "steady_images_per_sec": 42.0,
                     "neighbour_images_per_sec": 38.0}) == 40.0
+
+
+def test_shaped_link_report_charges_each_run_its_rounds_own_cast_and_transport_figures(
+        ) -> None:
+    """A round that timed fp16's casts and each transport's host work on an idle core (sets
+    from 2026-11-28 on) gives every run its own: Horovod's raw TCP, multiworker's ring across
+    nodes, gRPC for multiworker's flat ring; ``--host_ns`` still overrides a strategy's; a
+    round without them keeps the preset's figure and charges no cast."""
+    from bench.shaped_links import ACROSS
+    from bench.shaped_links_report import _links_by_round, machine_for
+
+    kept = json.loads((ROOT / "docs" / "forecast" /
+                       "shaped_links_2026-11-28_epyc_rings.json").read_text())
+    old = _links_by_round(kept)[0]
+    new = copy.deepcopy(old)
+    new[0.0]["cast_ns_per_byte"] = {"mlp": 0.2, "resnet50": 0.3}
+    new[0.0]["idle_ns_per_byte"] = {"tcp": 1.0, "ring": 1.5, "grpc": 3.0}
+    layouts = {layout.name: layout for layout in ACROSS}
+
+    def machine(links: dict[float, Any], name: str, host_ns: dict[str, float] | None = None,
+                model: str = "mlp") -> machines.Machine:
+        return machine_for(25.0, model, layouts[name], 5000.0, links, 64, host_ns)
+
+    preset = machines.load("minicluster_25gbit")
+    assert machine(old, "2x2 flat fp16").cast_s_per_byte == 0.0
+    assert machine(old, "2x2 multiworker flat").host_rate() == preset.host_rate()
+    assert machine(new, "2x2 flat fp16").cast_s_per_byte == pytest.approx(0.2e-9)
+    assert machine(new, "2x2 flat", model="resnet50").cast_s_per_byte == pytest.approx(0.3e-9)
+    for name, ns in (("2x2 flat", 1.0), ("2x2 ddl", 1.0), ("2x2 multiworker hierarchical", 1.5),
+                     ("2x2 multiworker flat", 3.0)):
+        assert machine(new, name).host_rate() == pytest.approx(ns * 1e-9), name
+    assert machine(new, "2x2 multiworker flat", {"multiworker": 2.0}).host_rate() == (
+        pytest.approx(2e-9))
 
 
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:

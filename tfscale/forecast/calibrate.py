@@ -14,7 +14,10 @@ Two or three child processes (TensorFlow loads only in them):
    over loopback TCP while a third keeps that core computing: the host time per byte of an
    exchange on a busy core (``exchange.host_ns_per_byte``), and the same with the core
    otherwise idle (``exchange.idle_ns_per_byte``, what the forecast charges where the exchange
-   runs after the backward pass).
+   runs after the backward pass);
+5. a TensorFlow child that casts the model's gradient bytes from float32 to float16 and back,
+   as ``--fp16_allreduce`` does around its all-reduce: that work's time per float32 byte
+   (``exchange.cast_ns_per_byte``) on this node's cores.
 
 The compute run logs every step; the spread of its step times (sd / mean, the first steps left
 out) is the machine's ``stragglers.step_cv``.
@@ -115,6 +118,30 @@ def per_byte(busy):
 idle, busy = per_byte(False), per_byte(True)
 print(idle * 1e9, busy * 1e9)
 """
+_CAST_TIME = """
+import os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+
+values = tf.random.uniform([max(1, int(sys.argv[1]) // 4)])
+seconds = float(sys.argv[2])
+
+
+@tf.function
+def both_ways(x):
+    return tf.cast(tf.cast(x, tf.float16), tf.float32)
+
+
+both_ways(values).numpy()
+times = []
+start = time.perf_counter()
+while time.perf_counter() - start < seconds or len(times) < 5:
+    began = time.perf_counter()
+    both_ways(values).numpy()
+    times.append(time.perf_counter() - began)
+times.sort()
+print(times[len(times) // 2] / (4 * int(values.shape[0])) * 1e9)
+"""
 _STEP_LINE = re.compile(r"^step (\d+)/\d+ .*?([0-9.]+) images/s")
 
 
@@ -142,6 +169,13 @@ def host_time(nbytes: int = 16 * 2**20, seconds: float = 3.0,
     out = _run([sys.executable, "-c", _HOST_TIME, str(nbytes), str(seconds)], timeout_s)
     idle, busy = (float(v) for v in out.split()[-2:])
     return idle, busy
+
+
+def cast_time(nbytes: int, seconds: float = 2.0, timeout_s: int = 120) -> float:
+    """Nanoseconds per float32 byte of casting ``nbytes`` of float32 to float16 and back in a
+    ``tf.function`` (the median call; the result read back, as the all-reduce reads it)."""
+    out = _run([sys.executable, "-c", _CAST_TIME, str(nbytes), str(seconds)], timeout_s)
+    return float(out.split()[-1])
 
 
 def _run(command: Sequence[str], timeout_s: int) -> str:
@@ -205,6 +239,7 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
         if dataset not in (None, SYNTHETIC):
             pipeline = _train(common, Path(tmp) / "pipeline", timeout_s)[0]["images_per_sec"]
     idle_ns, busy_ns = host_time()
+    cast_ns = cast_time(gradient_bytes)
     spread = step_cv(log, batch_size)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {
@@ -220,11 +255,14 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
                       f"{dataset}, a lower bound of the pipeline's rate; " if pipeline else "")
                    + "backward_fraction assumed 2/3 (backward ~ twice the forward)"),
         "host": {"host_ns_per_byte": busy_ns, "idle_ns_per_byte": idle_ns,
+                 "cast_ns_per_byte": cast_ns,
                  "source": (f"tfscale.forecast --calibrate, {when}, on {platform.node()} "
                             f"({cpu_name()}): an all-reduce of 16 MiB between two processes "
                             "on one core over loopback TCP with a third computing on that core "
                             f"(busy): {busy_ns:.2f} ns per byte; the core otherwise idle: "
-                            f"{idle_ns:.2f} ns per byte")},
+                            f"{idle_ns:.2f} ns per byte; casting {model}'s "
+                            f"{gradient_bytes} gradient bytes to float16 and back in a "
+                            f"tf.function: {cast_ns:.3f} ns per float32 byte")},
         "stragglers": None if spread is None else {
             "step_cv": spread,
             "source": (f"tfscale.forecast --calibrate, {when}, on {platform.node()}: sd / mean "
@@ -250,7 +288,8 @@ def write(base: str, out: Path, model: str, entry: dict[str, Any]) -> machines.M
     if host:
         exchange = doc.setdefault("exchange", {"overlap": False})
         exchange.update(host_ns_per_byte=host["host_ns_per_byte"],
-                        idle_ns_per_byte=host["idle_ns_per_byte"], host_source=host["source"])
+                        idle_ns_per_byte=host["idle_ns_per_byte"],
+                        cast_ns_per_byte=host["cast_ns_per_byte"], host_source=host["source"])
         exchange.setdefault("source", host["source"])
     if stragglers:
         doc["stragglers"] = stragglers

@@ -25,6 +25,9 @@ wire's ``latency_us``); ``exchange.host_ns_per_byte``, the host time per byte of
 on a core that also computes (``--calibrate`` measures it; used where a node's ranks outnumber
 its ``node.cores``), and ``exchange.idle_ns_per_byte``, the same on a core otherwise idle (used
 instead where ``exchange.overlap`` is false: the exchange runs after the backward pass);
+``exchange.cast_ns_per_byte``, the time per float32 byte of casting gradients to float16 and
+back for ``--fp16_allreduce`` on the node's cores (``--calibrate`` measures it; not given:
+free, as on GPUs, where the casts run at memory bandwidth);
 ``intra_node.ring_hop_GBps``, the rate of one hop of a flat ring between two ranks of a node
 that share its core, through the ring's own transport, when it is not ``intra_node``'s;
 ``stragglers.step_cv``, the spread of one rank's step time (sd / mean) that a synchronous
@@ -76,6 +79,7 @@ class Machine:
     step_cv: float = 0.0  # spread of a rank's step time (sd / mean): stragglers
     idle_host_s_per_byte: float = 0.0  # the same with the core otherwise idle (0: not given)
     ring_hop_GBps: float = 0.0  # a flat ring's in-node hop between ranks sharing a core
+    cast_s_per_byte: float = 0.0  # fp16 compression's casts down and up, per float32 byte
 
     def host_rate(self) -> float:
         """Host seconds per byte of an exchange where a node's ranks share its cores: the
@@ -153,6 +157,8 @@ def parse(raw: Any, path: Path) -> Machine:
                if "host_ns_per_byte" in exchange else 0.0)
     idle_ns = (check.number(exchange, "exchange", "idle_ns_per_byte", low_inclusive=True)
                if "idle_ns_per_byte" in exchange else 0.0)
+    cast_ns = (check.number(exchange, "exchange", "cast_ns_per_byte", low_inclusive=True)
+               if "cast_ns_per_byte" in exchange else 0.0)
     ring_hop = (check.number(doc["intra_node"], "intra_node", "ring_hop_GBps")
                 if isinstance(doc["intra_node"], dict) and "ring_hop_GBps" in doc["intra_node"]
                 else 0.0)
@@ -169,7 +175,8 @@ def parse(raw: Any, path: Path) -> Machine:
         cores_per_node=check.count(node, "node", "cores") if "cores" in node else 0,
         step_cv=check.number(stragglers, "stragglers", "step_cv", low_inclusive=True,
                              high=1.0),
-        idle_host_s_per_byte=idle_ns * 1e-9, ring_hop_GBps=ring_hop)
+        idle_host_s_per_byte=idle_ns * 1e-9, ring_hop_GBps=ring_hop,
+        cast_s_per_byte=cast_ns * 1e-9)
 
 
 class _Checker:

@@ -138,7 +138,8 @@ class Exchange:
 
     def allreduce(self, local: int, nodes: int, intra: Link, inter: Link,
                   host_s_per_byte: float = 0.0, transport: str = "shared_memory",
-                  ring_hop_GBps: float = 0.0) -> Callable[[float], float]:
+                  ring_hop_GBps: float = 0.0, cast_s_per_byte: float = 0.0,
+                  ranks_per_core: float = 1.0) -> Callable[[float], float]:
         """Seconds to all-reduce one fused message of ``nbytes`` (before compression).
 
         ``host_s_per_byte`` > 0 where a node's ranks share a core that also computes: the
@@ -149,7 +150,14 @@ class Exchange:
         plus the in-node phases), and then, flat over ``"shared_memory"``, the ring's
         ``local - 1`` in-node hops of each node, one way each, which take their turn on the
         same core, at ``ring_hop_GBps`` (the flat ring's own in-node transport, e.g. Open MPI's
-        shared memory between two ranks on one core; default: ``intra``'s bandwidth)."""
+        shared memory between two ranks on one core; default: ``intra``'s bandwidth).
+
+        With fp16 compression and ``cast_s_per_byte`` > 0, each rank also casts what it sends
+        to float16 and the result back, on its core, before and after the message: the whole
+        message on a flat ring, its ``1/local`` shard for the hierarchical exchange (tfscale's
+        node phases stay float32; only the ring across nodes is float16; none on one node;
+        none for one rank, which exchanges nothing),
+        ``ranks_per_core`` ranks' casts one after the other where ranks share a core."""
         flat = self.algorithm == "flat"
         algorithm = flat_allreduce_s if flat else hierarchical_allreduce_s
         scale = 0.5 if self.fp16 else 1.0
@@ -162,19 +170,22 @@ class Exchange:
                       Link(math.inf, inter.latency_us))
         hop_Bps = (ring_hop_GBps or intra.bandwidth_GBps) * 1e9
         in_node_hops = flat and transport == "shared_memory" and nodes > 1
+        casts = 0.0
+        if self.fp16 and local * nodes > 1 and (flat or nodes > 1):
+            casts = cast_s_per_byte * ranks_per_core / (1 if flat else local)
 
         def seconds(nbytes: float) -> float:
             sent = nbytes * scale
             wire = algorithm(sent, local, nodes, intra, inter)
             if not host_s_per_byte:
-                return wire
+                return wire + casts * nbytes
             host = (algorithm(sent, local, nodes, *host_links)
                     + host_s_per_byte * host_bytes(sent, self.algorithm, local, nodes, transport))
             hops = 0.0
             if in_node_hops:  # the core's turn at them, after its hop across, alpha-beta or host
                 ranks = local * nodes
                 hops = (local - 1) * 2 * (ranks - 1) / ranks * sent / hop_Bps
-            return max(wire, host) + hops
+            return max(wire, host) + hops + casts * nbytes
 
         return seconds
 

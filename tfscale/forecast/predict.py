@@ -108,7 +108,15 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
     shared = bool(m.cores_per_node) and local > m.cores_per_node  # ranks share cores
     host_s = m.host_rate() if host and shared else 0.0
     return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
-                            plan.transport, m.ring_hop_GBps)
+                            plan.transport, m.ring_hop_GBps,
+                            m.cast_s_per_byte if host else 0.0, ranks_per_core(m, local))
+
+
+def ranks_per_core(machine: Machine, ranks: int) -> float:
+    """How many of a node's ``ranks`` take turns on each core: ``ranks / node.cores`` where
+    they outnumber its cores, else 1 (each its own, or ``node.cores`` not given)."""
+    cores = machine.cores_per_node
+    return ranks / cores if cores and ranks > cores else 1.0
 
 
 def _step(plan: Plan, nodes: int, local: int, compute_s: float, option: Exchange) -> _Step:
@@ -166,10 +174,16 @@ def compute_s_per_image(plan: Plan) -> float:
     measured = figures.batch_size * figures.measured_ranks / node_rate
     sub = dataclasses.replace(plan, batch_size=figures.batch_size)
 
+    # The measured node exchanged float32 gradients (a machine file's rate is a plain run's;
+    # the mini-cluster's one-node runs use no compression), whatever the plan pins for the
+    # forecast rows: the compute is calibrated against that exchange.
+    measured_options = [o for o in _options(plan) if not o.fp16] or [
+        dataclasses.replace(o, fp16=False) for o in _options(plan)]
+
     def step(compute: float) -> float:
         return best_exchange(
             lambda option: _step_s(sub, 1, figures.measured_ranks, compute, option)[0],
-            _options(plan))[1]
+            measured_options)[1]
 
     low, high = 0.5 * measured, measured
     for _ in range(40):
@@ -185,9 +199,12 @@ def _options(plan: Plan) -> list[Exchange]:
 def forecast(plan: Plan, node_counts: Sequence[int]) -> list[Row]:
     """The forecast at each node count, with its best exchange; efficiency is relative to one
     node of the same machine, as published scaling tables count it."""
-    per_image = compute_s_per_image(plan)
-    compute = per_image * plan.batch_size
+    figures, _ = plan.machine.figures(plan.model, plan.precision)
     local = plan.local
+    # Ranks that take turns on a core each compute that much slower than the measured ones.
+    sharing = (ranks_per_core(plan.machine, local)
+               / ranks_per_core(plan.machine, figures.measured_ranks))
+    compute = compute_s_per_image(plan) * plan.batch_size * sharing
     rows = []
     one_node = None
     for nodes in sorted(set(node_counts) | {1}):
