@@ -587,6 +587,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # With a flat ring's in-node hop measured in each round.
     ("shaped_links_2026-11-28_epyc_rings.json", ("horovod=0.95", "ddl=0.95"), "11 of 12",
      "-12.5% (resnet50, 25 Gbit/s, 2x2 flat)"),
+    # With fp16's casts and each transport's host figure measured in each round.
+    ("shaped_links_2026-11-28_epyc_fp16_multiworker.json", (), "13 of 16",
+     "-37.3% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, host_ns: tuple[str, ...], count: str, worst: str) -> None:
