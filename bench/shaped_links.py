@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import OUT, ROOT, cpu_description, in_round_order, save
+from bench.transport_host_time import idle_figures
 from tfscale.cli.output import ends_quietly
 from tfscale.forecast.calibrate import progress_rates
 
@@ -176,9 +177,10 @@ def cast_figures() -> dict[str, float]:
     (:func:`tfscale.forecast.calibrate.cast_time`)."""
     from tfscale.forecast.machines import load
 
+    preset = load("minicluster_25gbit")
     figures = {}
     for model in MODELS:
-        nbytes = int(load("minicluster_25gbit").model(model).gradient_bytes)
+        nbytes = int(preset.model(model).gradient_bytes)
         proc = _cluster(sys.executable, "-c", "import sys; from tfscale.forecast.calibrate "
                         "import cast_time; print(cast_time(int(sys.argv[1])))", str(nbytes),
                         on=NODES[0], timeout=300)
@@ -186,19 +188,6 @@ def cast_figures() -> dict[str, float]:
             raise RuntimeError(f"cast timing failed:\n{proc.stderr[-2000:]}")
         figures[model] = float(proc.stdout.split()[-1])
     return figures
-
-
-def transport_figures(nbytes: int = 16 * 2**20) -> dict[str, float]:
-    """Host nanoseconds per byte of an all-reduce between two processes on one core otherwise
-    idle, per transport (:mod:`bench.transport_host_time`): ``tcp``, raw sockets (what
-    ``--calibrate`` measures; Horovod's MPI across nodes), ``ring``, tfscale's ring in a
-    ``tf.function`` (multiworker's phase across nodes) and ``grpc``, TensorFlow's collective
-    (multiworker's flat ring)."""
-    from bench.transport_host_time import TRANSPORTS, worker_ns_per_byte
-    from tfscale.forecast.calibrate import host_time
-
-    return {transport: host_time(nbytes)[0] if transport == "tcp"
-            else worker_ns_per_byte(transport, nbytes, busy=False) for transport in TRANSPORTS}
 
 
 def steady_rate(stdout: str) -> float | None:
@@ -277,7 +266,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         link_rows.append({"round": round_, "gbit": 0.0, "in_node": in_node_figures(),
                           "in_node_ring": in_node_figures("--horovod"),
                           "cast_ns_per_byte": cast_figures(),
-                          "idle_ns_per_byte": transport_figures()})
+                          "idle_ns_per_byte": idle_figures(16 * 2**20)})
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})

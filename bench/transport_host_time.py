@@ -69,6 +69,15 @@ def worker_ns_per_byte(transport: str, nbytes: int, busy: bool,
             proc.wait()
 
 
+def idle_figures(nbytes: int) -> dict[str, float]:
+    """Each transport's idle figure at ``nbytes`` (what ``bench.shaped_links`` takes in every
+    round: the exchange there runs after the backward pass)."""
+    from tfscale.forecast.calibrate import host_time
+
+    return {transport: host_time(nbytes, _SECONDS)[0] if transport == "tcp"
+            else worker_ns_per_byte(transport, nbytes, busy=False) for transport in TRANSPORTS}
+
+
 def measure(rounds: int, mib: list[float]) -> dict[str, Any]:
     from tfscale.forecast.calibrate import host_time
 

@@ -177,8 +177,8 @@ def compute_s_per_image(plan: Plan) -> float:
     # The measured node exchanged float32 gradients (a machine file's rate is a plain run's;
     # the mini-cluster's one-node runs use no compression), whatever the plan pins for the
     # forecast rows: the compute is calibrated against that exchange.
-    measured_options = [o for o in _options(plan) if not o.fp16] or [
-        dataclasses.replace(o, fp16=False) for o in _options(plan)]
+    measured_options = list(dict.fromkeys(dataclasses.replace(o, fp16=False)
+                                          for o in _options(plan)))
 
     def step(compute: float) -> float:
         return best_exchange(
