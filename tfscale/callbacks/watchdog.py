@@ -26,13 +26,19 @@ from tfscale.config.errors import EXIT_PEER_LOST
 
 
 class StepWatchdog(keras.callbacks.Callback):
-    """Exits with ``EXIT_PEER_LOST`` when no batch ends for ``timeout_s`` seconds.
+    """Exits with ``EXIT_PEER_LOST`` when no batch ends for ``timeout_s`` (+ ``GRACE_S``) seconds.
 
     Args:
         timeout_s: the longest a step (or an evaluation batch, or the work between epochs)
             may take; ``--collective_timeout_s``.
         poll_s: how often the thread looks.
     """
+
+    # A collective with a timeout of its own (TensorFlow's, the same --collective_timeout_s)
+    # raises an error that names the lost peer; the watchdog waits this much longer, so that
+    # error is reported first where there is one (the two raced: under load the watchdog's
+    # vaguer line sometimes came first).
+    GRACE_S = 5.0
 
     def __init__(self, timeout_s: float, poll_s: float = 1.0) -> None:
         super().__init__()
@@ -69,7 +75,7 @@ class StepWatchdog(keras.callbacks.Callback):
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
             last = self._last
-            if last and time.monotonic() - last > self.timeout_s:
+            if last and time.monotonic() - last > self.timeout_s + self.GRACE_S:
                 print(f"error: no training step finished in {self.timeout_s:g} s "
                       "(--collective_timeout_s): a peer or its link is lost; stopping this "
                       "worker", file=sys.stderr, flush=True)
