@@ -115,6 +115,15 @@ def test_fp16_halves_the_bytes_and_is_recommended_only_when_it_pays() -> None:
     exact, half = Exchange(fp16=False), Exchange(fp16=True)
     assert half.allreduce(2, 2, intra, inter)(1e9) == pytest.approx(
         exact.allreduce(2, 2, intra, inter)(0.5e9))
+    # Hierarchical, only the ring across nodes is float16: tfscale's node phases stay float32
+    # in shared memory, so one node gains nothing, and two nodes keep the in-node phases' time
+    # (2 x 0.5e9 bytes at 10 GB/s) while the shard across (0.5e9 bytes, 2 rings sharing 1 GB/s)
+    # halves.
+    exact, half = Exchange("hierarchical"), Exchange("hierarchical", fp16=True)
+    assert half.allreduce(2, 1, intra, inter)(1e9) == pytest.approx(0.1)
+    assert exact.allreduce(2, 1, intra, inter)(1e9) == pytest.approx(0.1)
+    assert exact.allreduce(2, 2, intra, inter)(1e9) == pytest.approx(0.1 + 1.0)
+    assert half.allreduce(2, 2, intra, inter)(1e9) == pytest.approx(0.1 + 0.5)
     steps = {exact: 1.0, half: 0.995}
     assert best_exchange(steps.__getitem__, [exact, half])[0] == exact
     steps[half] = 0.9

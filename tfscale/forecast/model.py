@@ -68,12 +68,14 @@ def flat_allreduce_s(nbytes: float, local: int, nodes: int, intra: Link, inter: 
 
 
 def hierarchical_allreduce_s(nbytes: float, local: int, nodes: int, intra: Link,
-                             inter: Link) -> float:
+                             inter: Link, across_scale: float = 1.0) -> float:
     """Reduce-scatter in the node, all-reduce of each ``1/local`` shard across nodes (the node's
-    ``local`` rings share its network), all-gather in the node."""
+    ``local`` rings share its network), all-gather in the node. ``across_scale`` scales the
+    bytes of the ring across nodes only (0.5: fp16 compression of that phase, the in-node
+    phases staying float32, as tfscale's shared-memory node phases do)."""
     across = Link(inter.bandwidth_GBps / local, inter.latency_us)
     return (2 * reduce_scatter_s(nbytes, local, intra)
-            + ring_allreduce_s(nbytes / local, nodes, across))
+            + ring_allreduce_s(nbytes * across_scale / local, nodes, across))
 
 
 # How the hops of a flat ring between two ranks of one node travel: "shared_memory" (Open MPI's
@@ -152,6 +154,8 @@ class Exchange:
         same core, at ``ring_hop_GBps`` (the flat ring's own in-node transport, e.g. Open MPI's
         shared memory between two ranks on one core; default: ``intra``'s bandwidth).
 
+        fp16 compression halves a flat ring's bytes, and only the ring across nodes of the
+        hierarchical exchange (tfscale's node phases stay float32 in shared memory).
         With fp16 compression and ``cast_s_per_byte`` > 0, each rank also casts what it sends
         to float16 and the result back, on its core, before and after the message: the whole
         message on a flat ring, its ``1/local`` shard for the hierarchical exchange (tfscale's
@@ -159,8 +163,13 @@ class Exchange:
         none for one rank, which exchanges nothing),
         ``ranks_per_core`` ranks' casts one after the other where ranks share a core."""
         flat = self.algorithm == "flat"
-        algorithm = flat_allreduce_s if flat else hierarchical_allreduce_s
         scale = 0.5 if self.fp16 else 1.0
+
+        def algorithm(nbytes: float, local: int, nodes: int, intra: Link, inter: Link) -> float:
+            if flat:
+                return flat_allreduce_s(nbytes * scale, local, nodes, intra, inter)
+            return hierarchical_allreduce_s(nbytes, local, nodes, intra, inter, scale)
+
         # The host-bound part: the hierarchical exchange's in-node phases run before and after
         # its ring across nodes, so they add to that ring's host time, not hide behind it. A
         # flat ring's hops run at once on separate cores, but where a node's ranks share one
@@ -176,10 +185,10 @@ class Exchange:
 
         def seconds(nbytes: float) -> float:
             sent = nbytes * scale
-            wire = algorithm(sent, local, nodes, intra, inter)
+            wire = algorithm(nbytes, local, nodes, intra, inter)
             if not host_s_per_byte:
                 return wire + casts * nbytes
-            host = (algorithm(sent, local, nodes, *host_links)
+            host = (algorithm(nbytes, local, nodes, *host_links)
                     + host_s_per_byte * host_bytes(sent, self.algorithm, local, nodes, transport))
             hops = 0.0
             if in_node_hops:  # the core's turn at them, after its hop across, alpha-beta or host
