@@ -105,11 +105,11 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
                intra: Link | None = None, inter: Link | None = None,
                host: bool = True) -> Callable[[float], float]:
     m = plan.machine
-    shared = bool(m.cores_per_node) and local > m.cores_per_node  # ranks share cores
-    host_s = m.host_rate() if host and shared else 0.0
+    sharing = ranks_per_core(m, local)
+    host_s = m.host_rate() if host and sharing > 1 else 0.0
     return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
                             plan.transport, m.ring_hop_GBps,
-                            m.cast_s_per_byte if host else 0.0, ranks_per_core(m, local))
+                            m.cast_s_per_byte if host else 0.0, sharing)
 
 
 def ranks_per_core(machine: Machine, ranks: int) -> float:
