@@ -5,8 +5,8 @@ TensorFlow's collective over gRPC (what carried that phase before the ring).
 Each is an all-reduce between two processes on one core, so each byte's send and receive
 both run on it; ``busy``: with a third process computing on that core, ``idle``: without.
 ``tcp`` is ``tfscale.forecast.calibrate.host_time`` (NumPy over a loopback socket); ``ring``
-and ``grpc`` are :mod:`bench.cross_node_worker`, two TF_CONFIG workers calling the phase as a
-training step does. Each round measures every size and transport, in order and reversed in
+and ``grpc`` are :mod:`tfscale.cli.host_time`, two TF_CONFIG workers calling the phase as
+a training step does. Each round measures every size and transport, in order and reversed in
 turn; figures are medians over the rounds of nanoseconds per all-reduced byte.
 
     python -m bench.transport_host_time [--rounds 2 --mib 4.5,16,48]
@@ -16,57 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from typing import Any
 
-from bench.common import ROOT, cpu_description, in_round_order, save, table
+from bench.common import cpu_description, in_round_order, save, table
+from tfscale.cli.host_time import measure as transport_ns_per_byte
 
 TRANSPORTS = ("tcp", "ring", "grpc")
-_BURN = ("import numpy as np\na = np.random.rand(256, 256)\n"
-         "while True:\n    a = np.tanh(a @ a)\n")
 _SECONDS = 3.0  # of all-reduces per measurement
-_NS_PER_BYTE = 6.0  # gRPC's, roughly, to size the workers' runs to about _SECONDS
-
-
-def worker_ns_per_byte(transport: str, nbytes: int, busy: bool,
-                       timeout_s: float = 300.0) -> float:
-    """Host nanoseconds per byte of an all-reduce of ``nbytes`` through ``transport`` ("ring"
-    or "grpc") between two TensorFlow workers on one core (with a third process computing
-    there when ``busy``)."""
-    from tfscale.scripts.launcher import tf_config_envs
-
-    core = min(os.sched_getaffinity(0))
-
-    def pin() -> None:
-        os.sched_setaffinity(0, {core})
-
-    calls = max(3, round(_SECONDS / (nbytes * _NS_PER_BYTE * 1e-9)))
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        if busy:
-            procs.append(subprocess.Popen([sys.executable, "-c", _BURN], preexec_fn=pin))
-        workers = [subprocess.Popen(
-            [sys.executable, "-m", "bench.cross_node_worker", transport, str(nbytes),
-             str(calls)],
-            cwd=ROOT, env={**os.environ, **env}, preexec_fn=pin, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True) for env in tf_config_envs(2)]
-        procs += workers
-        seconds = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=timeout_s)
-            if worker.returncode != 0:
-                raise RuntimeError(f"bench.cross_node_worker {transport} failed (exit "
-                                   f"{worker.returncode}):\n{err[-2000:]}")
-            seconds.append(json.loads(out.strip().splitlines()[-1])["seconds_per_call"])
-        return max(seconds) / nbytes * 1e9
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
 
 
 def idle_figures(nbytes: int) -> dict[str, float]:
@@ -75,7 +32,7 @@ def idle_figures(nbytes: int) -> dict[str, float]:
     from tfscale.forecast.calibrate import host_time
 
     return {transport: host_time(nbytes, _SECONDS)[0] if transport == "tcp"
-            else worker_ns_per_byte(transport, nbytes, busy=False) for transport in TRANSPORTS}
+            else transport_ns_per_byte(transport, nbytes, _SECONDS) for transport in TRANSPORTS}
 
 
 def measure(rounds: int, mib: list[float]) -> dict[str, Any]:
@@ -89,7 +46,7 @@ def measure(rounds: int, mib: list[float]) -> dict[str, Any]:
                 if transport == "tcp":
                     idle, busy = host_time(nbytes, _SECONDS)
                 else:
-                    got = {busy: worker_ns_per_byte(transport, nbytes, busy)
+                    got = {busy: transport_ns_per_byte(transport, nbytes, _SECONDS, busy)
                            for busy in in_round_order((False, True), r)}
                     idle, busy = got[False], got[True]
                 runs.append({"round": r, "mib": size, "transport": transport,

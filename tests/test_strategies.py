@@ -121,7 +121,7 @@ def test_multiworker_rejects_malformed_tf_config(tmp_path: Path) -> None:
 
 
 def test_multiworker_cluster_from_simulated_slurm_step(tmp_path: Path) -> None:
-    from tfscale.scripts.launcher import free_ports
+    from tfscale.cluster.environment import free_ports
 
     slurm = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
              "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NTASKS": "2",

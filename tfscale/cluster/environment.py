@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -444,3 +445,23 @@ def tf_config_from_slurm(environ: Mapping[str, str] = os.environ,
         raise ValueError(f"not a Slurm task (detected launcher: {env.launcher}); "
                          "run under srun, or set TF_CONFIG yourself")
     return tf_config(env, port)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_config_envs(n: int) -> list[dict[str, str]]:
+    """One TF_CONFIG per worker of an ``n``-worker loopback cluster."""
+    workers = [f"127.0.0.1:{p}" for p in free_ports(n)]
+    return [{"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                      "task": {"type": "worker", "index": i}})}
+            for i in range(n)]

@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from tfscale.cluster.environment import RESTART_VAR, STRATEGY_VAR
+from tfscale.cluster.environment import RESTART_VAR, STRATEGY_VAR, tf_config_envs
 from tfscale.config.errors import EXIT_PREEMPTED, EXIT_USAGE
 from tfscale.config.train_config import TrainConfig
 from tfscale.strategies import STRATEGIES, Rendezvous
@@ -57,26 +55,6 @@ _TF_STARTUP = re.compile(
     r"|cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized)"
     r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate "
     r"compiler flags\.$")
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def tf_config_envs(n: int) -> list[dict[str, str]]:
-    """One TF_CONFIG per worker of an ``n``-worker loopback cluster."""
-    workers = [f"127.0.0.1:{p}" for p in free_ports(n)]
-    return [{"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
-                                      "task": {"type": "worker", "index": i}})}
-            for i in range(n)]
 
 
 def node_layout(n: int, per_node: int) -> list[tuple[str, int]]:

@@ -1,31 +1,29 @@
-"""One worker of bench.transport_host_time: an all-reduce between two processes that TF_CONFIG
-names, on the core this process is pinned to, through TensorFlow's collective over the
-cluster's gRPC (``grpc``: what carried multiworker's cross-node phase until tfscale's ring) or
-through that ring as training calls it (``ring``:
-:func:`tfscale.exchange.cross_node.cross_node_sum`); prints one JSON line with the seconds
-per call.
-
-    python -m bench.cross_node_worker {grpc,ring} NBYTES CALLS   (TF_CONFIG set)
-"""
+"""One worker of the host-time measurement of multiworker's transports
+(``python -m tfscale.cli.host_time``): an all-reduce between the two TF_CONFIG workers, through
+tfscale's ring as multiworker's cross-node phase calls it (``ring``:
+:func:`tfscale.exchange.cross_node.cross_node_sum`) or through TensorFlow's collective over the
+cluster's gRPC (``grpc``: what carries multiworker's flat ring, under
+``--node_exchange=collectives``)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tensorflow as tf  # noqa: E402
-
-from tfscale.exchange import cross_node  # noqa: E402
-from tfscale.exchange.tf_distribute import process_sum  # noqa: E402
-from tfscale.exchange.topology import Topology  # noqa: E402
+TRANSPORTS = ("ring", "grpc")
 
 
-def main() -> None:
-    transport, nbytes, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
+    """One of the two workers (TF_CONFIG set): seconds per all-reduce of ``nbytes`` through
+    ``transport`` over ``calls`` calls, after a warm-up call whose sum is checked."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from tfscale.exchange import cross_node
+    from tfscale.exchange.tf_distribute import process_sum
+    from tfscale.exchange.topology import Topology
+
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     # The strategy connects the cluster and configures its collectives, as under multiworker.
@@ -47,7 +45,7 @@ def main() -> None:
 
     @tf.function
     def once() -> tf.Tensor:
-        return cross_sum(values, "bench.transport_host_time")
+        return cross_sum(values, "tfscale.exchange.host_time")
 
     got = once().numpy()  # warm-up: connections, buffers
     if got[0] != 3.0 or got[-1] != 3.0:
@@ -55,8 +53,4 @@ def main() -> None:
     start = time.perf_counter()
     for _ in range(calls):
         once().numpy()
-    print(json.dumps({"rank": rank, "seconds_per_call": (time.perf_counter() - start) / calls}))
-
-
-if __name__ == "__main__":
-    main()
+    return (time.perf_counter() - start) / calls

@@ -1,0 +1,99 @@
+"""The host time per byte of an all-reduce through multiworker's transports, on one core.
+
+Two TF_CONFIG workers, both pinned to this process's first core, all-reduce ``NBYTES`` of
+float32 over and over, through tfscale's ring as multiworker's cross-node phase calls it
+(``ring``) or through TensorFlow's collective over the cluster's gRPC (``grpc``: multiworker's
+flat ring, under ``--node_exchange=collectives``); each worker is
+:func:`tfscale.exchange.host_time.seconds_per_call`. Each byte's send and receive both run on
+that core, as raw TCP's figure of ``tfscale.forecast --calibrate`` is taken; with ``--busy`` a
+third process computes there. Prints one JSON line: ``{"transport", "nbytes", "busy",
+"ns_per_byte"}``, nanoseconds per all-reduced byte (the slower worker's).
+
+    python -m tfscale.cli.host_time {ring,grpc} NBYTES [--seconds 3] [--busy]
+
+``tfscale.forecast --calibrate`` writes both idle figures into a machine file;
+``bench.transport_host_time`` and ``bench.shaped_links`` take them in their rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from tfscale.cluster.environment import tf_config_envs
+from tfscale.exchange.host_time import TRANSPORTS, seconds_per_call
+
+_BURN = ("import numpy as np\na = np.random.rand(256, 256)\n"
+         "while True:\n    a = np.tanh(a @ a)\n")
+_NS_PER_BYTE = 6.0  # gRPC's, roughly: sizes the workers' runs to about --seconds
+
+
+def measure(transport: str, nbytes: int, seconds: float = 3.0, busy: bool = False,
+            timeout_s: float = 300.0) -> float:
+    """Host nanoseconds per byte of an all-reduce of ``nbytes`` through ``transport`` between
+    two workers on one core (with a third process computing there when ``busy``).
+
+    Raises:
+        ValueError: for a transport other than ``ring`` or ``grpc``.
+        RuntimeError: when a worker fails, with the end of its error output.
+    """
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport={transport!r}; expected one of {', '.join(TRANSPORTS)}")
+    core = min(os.sched_getaffinity(0))
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {core})
+
+    calls = max(3, round(seconds / (nbytes * _NS_PER_BYTE * 1e-9)))
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        if busy:
+            procs.append(subprocess.Popen([sys.executable, "-c", _BURN], preexec_fn=pin))
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "tfscale.cli.host_time", "--worker", transport,
+             str(nbytes), "--calls", str(calls)],
+            env={**os.environ, **env}, preexec_fn=pin, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True) for env in tf_config_envs(2)]
+        procs += workers
+        per_call = []
+        for worker in workers:
+            out, err = worker.communicate(timeout=timeout_s)
+            if worker.returncode != 0:
+                raise RuntimeError(f"the {transport} host-time worker failed (exit "
+                                   f"{worker.returncode}):\n{err[-2000:]}")
+            per_call.append(json.loads(out.strip().splitlines()[-1])["seconds_per_call"])
+        return max(per_call) / nbytes * 1e9
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("transport", choices=TRANSPORTS)
+    parser.add_argument("nbytes", type=int, help="bytes all-reduced per call (a multiple of 4)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="of all-reduces to time")
+    parser.add_argument("--busy", action="store_true", help="a third process computes there")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, default=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.nbytes < 4 or args.nbytes % 4:
+        parser.error(f"NBYTES={args.nbytes}: expected a positive multiple of 4 (float32)")
+    if args.worker:
+        print(json.dumps({"seconds_per_call": seconds_per_call(args.transport, args.nbytes,
+                                                               args.calls)}))
+        return 0
+    print(json.dumps({"transport": args.transport, "nbytes": args.nbytes, "busy": args.busy,
+                      "ns_per_byte": measure(args.transport, args.nbytes, args.seconds,
+                                             args.busy)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
