@@ -103,7 +103,7 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     links' bus bandwidth at the message size nearest to the run's. ``host_ns``: a host time
     per byte by strategy that replaces the preset's for that strategy's runs (a what-if)."""
     from tfscale.forecast.machines import ModelFigures, load
-    from tfscale.forecast.model import Link
+    from tfscale.forecast.model import HOST_TRANSPORTS, Link
 
     base = load(f"minicluster_{gbit:g}gbit")
     preset = base.model(model)
@@ -123,29 +123,19 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     cast_ns = links[0.0].get("cast_ns_per_byte", {}).get(model, 0.0)
     machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
                                   ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9)
-    # The host figure: a what-if's for the strategy, else the round's own measurement of the
-    # run's transport (sets from 2026-11-28 on), else the preset's.
-    measured = links[0.0].get("idle_ns_per_byte", {}).get(host_transport_of(layout))
-    chosen = host_ns[layout.strategy] if host_ns and layout.strategy in host_ns else measured
-    if chosen is not None:
-        machine = dataclasses.replace(machine, host_s_per_byte=chosen * 1e-9,
-                                      idle_host_s_per_byte=chosen * 1e-9)
+    # The host figures: the round's own measurement of each transport (sets from 2026-11-28
+    # on; the plan's strategy picks its own, Strategy.host_transports), else the
+    # preset's; a what-if's for the run's strategy replaces them all.
+    measured = links[0.0].get("idle_ns_per_byte", {})
+    if host_ns and layout.strategy in host_ns:
+        measured = dict.fromkeys(HOST_TRANSPORTS, host_ns[layout.strategy])
+    if measured:
+        machine = dataclasses.replace(
+            machine, host_s_per_byte=measured["tcp"] * 1e-9,
+            idle_host_s_per_byte=measured["tcp"] * 1e-9,
+            transport_idle_s_per_byte={t: measured[t] * 1e-9 for t in HOST_TRANSPORTS[1:]
+                                       if t in measured})
     return machine
-
-
-def host_transport_of(layout: Any) -> str:
-    """Whose host work per byte the run's exchange across nodes does (bench.transport_host_time's
-    names): TensorFlow's gRPC collective for multiworker's flat ring, tfscale's ring for its
-    phase across nodes, raw TCP (Horovod's MPI) otherwise."""
-    if layout.strategy != "multiworker":
-        return "tcp"
-    return "grpc" if layout.algorithm == "flat" else "ring"
-
-
-def transport_of(layout: Any) -> str:
-    """How the run's flat ring crosses between two ranks of a node: gRPC's loopback TCP under
-    multiworker, Open MPI's shared memory under horovod and ddl."""
-    return "tcp" if layout.strategy == "multiworker" else "shared_memory"
 
 
 def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
@@ -160,7 +150,7 @@ def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
     return Plan(machine, model, "fp32", batch_size, layout.local,
                 (("algorithm", layout.algorithm), ("fp16", layout.fp16), ("fusion_mb", 128.0),
                  ("cycle_ms", 1.0 if multiworker else 5.0)),
-                transport_of(layout))
+                strategy=layout.strategy)
 
 
 def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
@@ -180,6 +170,7 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
     """(link rows, run rows), means over the rounds (``host_ns`` as for :func:`machine_for`)."""
     from tfscale.forecast.machines import load
     from tfscale.forecast.model import host_bytes
+    from tfscale.strategies import STRATEGIES
 
     layouts = _layouts()
     runs, links = _by_round(result), _links_by_round(result)
@@ -234,7 +225,8 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
                     layout.fp16) / (gbit * 1e9 / 8)
                 floors.append(layout.nodes * layout.local * batch / step)
                 stack = host_bytes(gradient_bytes / (2 if layout.fp16 else 1), layout.algorithm,
-                                   layout.local, layout.nodes, transport_of(layout))
+                                   layout.local, layout.nodes,
+                                   STRATEGIES.get(layout.strategy).ring_hop_transport)
                 exchange_s = layout.nodes * layout.local * batch / rate - layout.local * batch / one
                 per_byte.append(exchange_s / stack * 1e9)
                 if gbit in links[r] and 0.0 in links[r]:

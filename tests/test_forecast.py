@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from tfscale.cli import host_time as host_time_command
 from tfscale.forecast import accuracy, calibrate, efficiency, machines
 from tfscale.forecast.model import (
+    ALGORITHMS,
     Exchange,
     Link,
     best_exchange,
@@ -208,6 +210,51 @@ def test_fp16_casts_take_their_time_on_the_ranks_cores_by_hand(tmp_path: Path) -
     assert casting.terms_ms["host time"] > plain.terms_ms["host time"]
     doc["exchange"]["cast_ns_per_byte"] = -0.2
     with pytest.raises(ValueError, match="exchange.cast_ns_per_byte"):
+        machines.parse(doc, tmp_path / "m.json")
+
+
+def test_a_multiworker_plan_is_charged_its_own_transports_host_figures(tmp_path: Path) -> None:
+    """--strategy=multiworker charges the machine file's idle figure of tfscale's ring to a
+    hierarchical exchange and gRPC's to a flat ring (whose in-node hops then go over loopback
+    TCP); horovod and ddl, and a file without those figures, charge raw TCP's."""
+    doc = json.loads(machines.resolve("minicluster_25gbit").read_text())
+    tcp_ns = doc["exchange"]["idle_ns_per_byte"]
+    doc["exchange"]["idle_ns_per_byte_by_transport"] = {"ring": 2 * tcp_ns, "grpc": 4 * tcp_ns}
+    machine = machines.parse(doc, tmp_path / "m.json")
+    assert machine.host_rate("ring") == pytest.approx(2 * tcp_ns * 1e-9)
+    assert machine.host_rate() == machine.host_rate("tcp") == pytest.approx(tcp_ns * 1e-9)
+
+    def step_ms(machine: machines.Machine, algorithm: str, strategy: str,
+                transport: str = "") -> float:
+        pinned = (("algorithm", algorithm), ("fp16", False), ("fusion_mb", 128.0),
+                  ("cycle_ms", 1.0))
+        return forecast(Plan(machine, "mlp", "fp32", 64, 2, pinned, transport, strategy),
+                        [2])[0].step_ms
+
+    def with_tcp_figure(ns: float) -> machines.Machine:
+        return dataclasses.replace(machine, idle_host_s_per_byte=ns * 1e-9,
+                                   transport_idle_s_per_byte={})
+
+    assert step_ms(machine, "hierarchical", "multiworker") == pytest.approx(
+        step_ms(with_tcp_figure(2 * tcp_ns), "hierarchical", "horovod"))
+    assert step_ms(machine, "flat", "multiworker") == pytest.approx(
+        step_ms(with_tcp_figure(4 * tcp_ns), "flat", "horovod", "tcp"))
+    assert step_ms(machine, "flat", "multiworker") > step_ms(machine, "flat", "multiworker",
+                                                             "shared_memory")
+    for algorithm in ALGORITHMS:
+        assert step_ms(machine, algorithm, "ddl") == step_ms(machine, algorithm, "horovod")
+        assert step_ms(with_tcp_figure(tcp_ns), algorithm, "multiworker") == pytest.approx(
+            step_ms(with_tcp_figure(tcp_ns), algorithm, "horovod", "tcp"))
+    with pytest.raises(ValueError, match="unknown strategy 'mpi'"):
+        step_ms(machine, "flat", "mpi")
+    with pytest.raises(ValueError, match="transport='udp'; expected one of shared_memory"):
+        step_ms(machine, "flat", "horovod", "udp")
+    doc["exchange"]["idle_ns_per_byte_by_transport"] = {"gloo": 1.0}
+    with pytest.raises(ValueError, match="idle_ns_per_byte_by_transport.gloo' is not a "
+                                         "transport; expected ring or grpc"):
+        machines.parse(doc, tmp_path / "m.json")
+    doc["exchange"]["idle_ns_per_byte_by_transport"] = {"ring": "fast"}
+    with pytest.raises(ValueError, match="idle_ns_per_byte_by_transport.ring' must be a number"):
         machines.parse(doc, tmp_path / "m.json")
 
 
@@ -581,6 +628,23 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     assert forecast(Plan(machine, "mlp", "fp32", 16), [2])[0].images_per_sec > 0
     assert machine.host_s_per_byte > 0 and "loopback TCP" in machine.raw["exchange"]["host_source"]
     assert 0 < machine.idle_host_s_per_byte == machine.host_rate()
+    # multiworker's transports, timed on the idle core; the CLI's --strategy charges them.
+    assert set(machine.transport_idle_s_per_byte) == {"ring", "grpc"}
+    assert min(machine.transport_idle_s_per_byte.values()) > 0
+    assert "gRPC collective" in machine.raw["exchange"]["host_source"]
+    rows = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfscale.forecast", f"--machine={out}", "--model=mlp",
+         "--batch_size=16", "--precision=fp32", "--nodes=2", "--ranks_per_node=2",
+         "--strategy=multiworker", "--exchange=flat", "--fp16_allreduce=off", "--plot=none",
+         "--accuracy_table=none", f"--json={rows}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "2 ranks per node, multiworker" in proc.stdout, proc.stderr
+    row = forecast(Plan(machine, "mlp", "fp32", 16, 2,
+                        (("algorithm", "flat"), ("fp16", False)), strategy="multiworker"), [2])[0]
+    assert json.loads(rows.read_text())[0]["step_ms"] == pytest.approx(row.step_ms)
+    with pytest.raises(ValueError, match="transport='tcp'; expected one of ring, grpc"):
+        host_time_command.measure("tcp", 1 << 20)
 
 
 @pytest.mark.parametrize("kept, host_ns, count, worst", [
@@ -665,11 +729,17 @@ def test_shaped_link_report_charges_each_run_its_rounds_own_cast_and_transport_f
     assert machine(old, "2x2 multiworker flat").host_rate() == preset.host_rate()
     assert machine(new, "2x2 flat fp16").cast_s_per_byte == pytest.approx(0.2e-9)
     assert machine(new, "2x2 flat", model="resnet50").cast_s_per_byte == pytest.approx(0.3e-9)
+    def rate(machine: machines.Machine, name: str) -> float:  # the figure its plan charges
+        plan = Plan(machine, "mlp", "fp32", 64, strategy=layouts[name].strategy)
+        return machine.host_rate(plan.host_transport(layouts[name].algorithm))
+
     for name, ns in (("2x2 flat", 1.0), ("2x2 ddl", 1.0), ("2x2 multiworker hierarchical", 1.5),
                      ("2x2 multiworker flat", 3.0)):
-        assert machine(new, name).host_rate() == pytest.approx(ns * 1e-9), name
-    assert machine(new, "2x2 multiworker flat", {"multiworker": 2.0}).host_rate() == (
-        pytest.approx(2e-9))
+        assert rate(machine(new, name), name) == pytest.approx(ns * 1e-9), name
+    assert rate(machine(new, "2x2 multiworker flat", {"multiworker": 2.0}),
+                "2x2 multiworker flat") == pytest.approx(2e-9)
+    assert rate(machine(new, "2x2 flat", {"multiworker": 2.0}), "2x2 flat") == pytest.approx(
+        1e-9)
 
 
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:

@@ -53,7 +53,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
                           "tfscale.training"),
     "tfscale.training": ("tfscale.cluster", "tfscale.config", "tfscale.exchange",
                          "tfscale.strategies", "tfscale.callbacks"),
-    "tfscale.forecast": ("tfscale.config", "tfscale.training"),
+    # The forecast asks a strategy's class whose transports carry its exchange.
+    "tfscale.forecast": ("tfscale.config", "tfscale.strategies", "tfscale.training"),
     # What users' scripts import, and its public faces.
     "tfscale.scripts": ("tfscale.cluster", "tfscale.config", "tfscale.exchange",
                         "tfscale.strategies", "tfscale.callbacks", "tfscale.training"),

@@ -26,6 +26,7 @@ from tfscale.config.train_config import PRECISIONS
 from tfscale.forecast import accuracy, efficiency, machines
 from tfscale.forecast.model import ALGORITHMS, TRANSPORTS
 from tfscale.forecast.predict import Plan, Row, fastest, forecast
+from tfscale.strategies import MULTI_PROCESS_DEFAULT
 from tfscale.training.files import write_json_atomic
 
 _MACHINE = flags.DEFINE_string("machine", "summit", "A preset (summit, dgx_a100, "
@@ -45,11 +46,18 @@ _FP16 = flags.DEFINE_enum("fp16_allreduce", "auto", ("auto", "on", "off"),
                           "Pin fp16 compression of the gradients (auto: recommend).")
 _FUSION = flags.DEFINE_float("fusion_mb", 0, "Pin the fusion buffer in MB (0: recommend).")
 _CYCLE = flags.DEFINE_float("cycle_time_ms", 0, "Pin the cycle time in ms (0: recommend).")
+_STRATEGY = flags.DEFINE_string(
+    "strategy", MULTI_PROCESS_DEFAULT, "Whose transports carry the exchange, for its host time "
+    "where ranks share cores (each strategy's class says which: Strategy.host_transports): "
+    "horovod and ddl, MPI (the machine file's raw TCP figure); multiworker, tfscale's ring "
+    "across nodes (hierarchical) or TensorFlow's gRPC collective (flat), at the file's "
+    "exchange.idle_ns_per_byte_by_transport where --calibrate measured them.")
 _TRANSPORT = flags.DEFINE_enum(
-    "transport", "shared_memory", TRANSPORTS, "How a flat ring's hops between two ranks of "
+    "transport", "auto", ("auto", *TRANSPORTS), "How a flat ring's hops between two ranks of "
     "one node travel, for the host time of the exchange where ranks share cores: "
     "shared_memory (Open MPI, NCCL: horovod and ddl) or tcp (Gloo, TensorFlow's gRPC ring: "
-    "multiworker), whose in-node hops cost host time like those across nodes.")
+    "multiworker), whose in-node hops cost host time like those across nodes; auto: "
+    "--strategy's.")
 _JSON = flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 _PLOT = flags.DEFINE_string("plot", "", "Draw images/s and efficiency into this PNG file "
                             "(empty or none: no plot).")
@@ -111,7 +119,7 @@ def _precision(machine: machines.Machine, model: str) -> str:
 
 def _rows_for(machine: machines.Machine, precision: str, nodes: list[int]) -> list[Row]:
     plan = Plan(machine, _MODEL.value, precision, _BATCH.value, _RANKS.value, _pinned(),
-                _TRANSPORT.value)
+                "" if _TRANSPORT.value == "auto" else _TRANSPORT.value, _STRATEGY.value)
     if not _GLOBAL.value:
         return forecast(plan, nodes)
     rows = []
@@ -223,7 +231,7 @@ def run_forecast() -> int:
     measured = _measured()
     text, records = _table(rows, curve, table, measured)
     print(f"== forecast: {_MODEL.value} on {machine.name} ({machine.path}), {precision}, "
-          f"{rows[0].ranks // rows[0].nodes} ranks per node ==")
+          f"{rows[0].ranks // rows[0].nodes} ranks per node, {_STRATEGY.value} ==")
     print(text)
     what = "accuracy or time to accuracy" if table else "epochs or time to target"
     for why, batches in _by_reason(records, "accuracy_unknown").items():

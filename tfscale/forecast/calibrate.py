@@ -1,7 +1,7 @@
 """``--calibrate``: measure this node with a few steps of ``tfscale.train`` and write the figures
 into a machine file.
 
-Two or three child processes (TensorFlow loads only in them):
+Child processes (TensorFlow loads only in them):
 
 1. ``python -m tfscale.train ... --dataset=synthetic`` for a few steps: compute time per step
    (data generated on the device costs nothing, as in the Summit practice of tuning compute
@@ -15,7 +15,10 @@ Two or three child processes (TensorFlow loads only in them):
    exchange on a busy core (``exchange.host_ns_per_byte``), and the same with the core
    otherwise idle (``exchange.idle_ns_per_byte``, what the forecast charges where the exchange
    runs after the backward pass);
-5. a TensorFlow child that casts the model's gradient bytes from float32 to float16 and back,
+5. two pairs of TensorFlow workers (:mod:`tfscale.cli.host_time`) that time the same
+   all-reduce on one idle core through multiworker's own transports, tfscale's ring and
+   TensorFlow's gRPC collective (``exchange.idle_ns_per_byte_by_transport``);
+6. a TensorFlow child that casts the model's gradient bytes from float32 to float16 and back,
    as ``--fp16_allreduce`` does around its all-reduce: that work's time per float32 byte
    (``exchange.cast_ns_per_byte``) on this node's cores.
 
@@ -171,6 +174,16 @@ def host_time(nbytes: int = 16 * 2**20, seconds: float = 3.0,
     return idle, busy
 
 
+def transport_time(transport: str, nbytes: int = 16 * 2**20, seconds: float = 3.0,
+                   timeout_s: int = 300) -> float:
+    """Idle host nanoseconds per byte of a two-worker all-reduce on one core through
+    multiworker's ``transport`` ("ring" or "grpc"): :mod:`tfscale.cli.host_time`, in a
+    child process, as :func:`host_time` times raw TCP."""
+    out = _run([sys.executable, "-m", "tfscale.cli.host_time", transport, str(nbytes),
+                "--seconds", str(seconds)], timeout_s)
+    return float(json.loads(out.strip().splitlines()[-1])["ns_per_byte"])
+
+
 def cast_time(nbytes: int, seconds: float = 2.0, timeout_s: int = 120) -> float:
     """Nanoseconds per float32 byte of casting ``nbytes`` of float32 to float16 and back in a
     ``tf.function`` (the median call; the result read back, as the all-reduce reads it)."""
@@ -239,6 +252,7 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
         if dataset not in (None, SYNTHETIC):
             pipeline = _train(common, Path(tmp) / "pipeline", timeout_s)[0]["images_per_sec"]
     idle_ns, busy_ns = host_time()
+    by_transport = {transport: transport_time(transport) for transport in ("ring", "grpc")}
     cast_ns = cast_time(gradient_bytes)
     spread = step_cv(log, batch_size)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -255,12 +269,16 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
                       f"{dataset}, a lower bound of the pipeline's rate; " if pipeline else "")
                    + "backward_fraction assumed 2/3 (backward ~ twice the forward)"),
         "host": {"host_ns_per_byte": busy_ns, "idle_ns_per_byte": idle_ns,
-                 "cast_ns_per_byte": cast_ns,
+                 "idle_ns_per_byte_by_transport": by_transport, "cast_ns_per_byte": cast_ns,
                  "source": (f"tfscale.forecast --calibrate, {when}, on {platform.node()} "
                             f"({cpu_name()}): an all-reduce of 16 MiB between two processes "
                             "on one core over loopback TCP with a third computing on that core "
                             f"(busy): {busy_ns:.2f} ns per byte; the core otherwise idle: "
-                            f"{idle_ns:.2f} ns per byte; casting {model}'s "
+                            f"{idle_ns:.2f} ns per byte; the same all-reduce on the idle "
+                            "core through tfscale's ring and TensorFlow's gRPC collective "
+                            "(python -m tfscale.cli.host_time): "
+                            f"{by_transport['ring']:.2f} and {by_transport['grpc']:.2f} ns "
+                            f"per byte; casting {model}'s "
                             f"{gradient_bytes} gradient bytes to float16 and back in a "
                             f"tf.function: {cast_ns:.3f} ns per float32 byte")},
         "stragglers": None if spread is None else {
@@ -289,6 +307,7 @@ def write(base: str, out: Path, model: str, entry: dict[str, Any]) -> machines.M
         exchange = doc.setdefault("exchange", {"overlap": False})
         exchange.update(host_ns_per_byte=host["host_ns_per_byte"],
                         idle_ns_per_byte=host["idle_ns_per_byte"],
+                        idle_ns_per_byte_by_transport=host["idle_ns_per_byte_by_transport"],
                         cast_ns_per_byte=host["cast_ns_per_byte"], host_source=host["source"])
         exchange.setdefault("source", host["source"])
     if stragglers:

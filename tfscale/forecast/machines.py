@@ -25,6 +25,10 @@ wire's ``latency_us``); ``exchange.host_ns_per_byte``, the host time per byte of
 on a core that also computes (``--calibrate`` measures it; used where a node's ranks outnumber
 its ``node.cores``), and ``exchange.idle_ns_per_byte``, the same on a core otherwise idle (used
 instead where ``exchange.overlap`` is false: the exchange runs after the backward pass);
+``exchange.idle_ns_per_byte_by_transport``, the idle figure of multiworker's own transports
+(``{"ring": ..., "grpc": ...}``: tfscale's ring across nodes, TensorFlow's gRPC collective for
+its flat ring; ``--calibrate`` measures them with :mod:`tfscale.cli.host_time`), charged
+instead of raw TCP's ``idle_ns_per_byte`` to a multiworker plan's exchange;
 ``exchange.cast_ns_per_byte``, the time per float32 byte of casting gradients to float16 and
 back for ``--fp16_allreduce`` on the node's cores (``--calibrate`` measures it; not given:
 free, as on GPUs, where the casts run at memory bandwidth);
@@ -43,7 +47,7 @@ from typing import Any, NoReturn
 
 from tfscale.config.train_config import PRECISIONS
 from tfscale.forecast import files
-from tfscale.forecast.model import Link
+from tfscale.forecast.model import HOST_TRANSPORTS, Link
 
 PRESET_DIR = Path(__file__).with_name("machines")
 
@@ -80,13 +84,17 @@ class Machine:
     idle_host_s_per_byte: float = 0.0  # the same with the core otherwise idle (0: not given)
     ring_hop_GBps: float = 0.0  # a flat ring's in-node hop between ranks sharing a core
     cast_s_per_byte: float = 0.0  # fp16 compression's casts down and up, per float32 byte
+    # Idle figures of transports other than raw TCP ("ring", "grpc"), where measured.
+    transport_idle_s_per_byte: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    def host_rate(self) -> float:
-        """Host seconds per byte of an exchange where a node's ranks share its cores: the
-        idle core's figure when the exchange runs after the backward pass (``overlap``
-        false: nothing computes beside it) and the file gives it, else the busy core's."""
+    def host_rate(self, transport: str = "tcp") -> float:
+        """Host seconds per byte of an exchange through ``transport`` (:data:`HOST_TRANSPORTS`)
+        where a node's ranks share its cores: the idle core's figure when the exchange runs
+        after the backward pass (``overlap`` false: nothing computes beside it) and the file
+        gives it (the transport's own where it has one, else raw TCP's), else the busy core's
+        (measured over raw TCP only)."""
         if not self.overlap and self.idle_host_s_per_byte:
-            return self.idle_host_s_per_byte
+            return self.transport_idle_s_per_byte.get(transport, self.idle_host_s_per_byte)
         return self.host_s_per_byte
 
     def model(self, model: str) -> ModelFigures:
@@ -159,6 +167,15 @@ def parse(raw: Any, path: Path) -> Machine:
                if "idle_ns_per_byte" in exchange else 0.0)
     cast_ns = (check.number(exchange, "exchange", "cast_ns_per_byte", low_inclusive=True)
                if "cast_ns_per_byte" in exchange else 0.0)
+    by_transport = check.section(exchange.get("idle_ns_per_byte_by_transport", {}),
+                                 "exchange.idle_ns_per_byte_by_transport", ())
+    for name in by_transport:
+        if name not in HOST_TRANSPORTS[1:]:
+            check.fail(f"exchange.idle_ns_per_byte_by_transport.{name}",
+                       f"is not a transport; expected {' or '.join(HOST_TRANSPORTS[1:])} (raw "
+                       "TCP's is exchange.idle_ns_per_byte)")
+    transport_ns = {name: check.number(by_transport, "exchange.idle_ns_per_byte_by_transport",
+                                       name, low_inclusive=True) for name in by_transport}
     ring_hop = (check.number(doc["intra_node"], "intra_node", "ring_hop_GBps")
                 if isinstance(doc["intra_node"], dict) and "ring_hop_GBps" in doc["intra_node"]
                 else 0.0)
@@ -176,7 +193,8 @@ def parse(raw: Any, path: Path) -> Machine:
         step_cv=check.number(stragglers, "stragglers", "step_cv", low_inclusive=True,
                              high=1.0),
         idle_host_s_per_byte=idle_ns * 1e-9, ring_hop_GBps=ring_hop,
-        cast_s_per_byte=cast_ns * 1e-9)
+        cast_s_per_byte=cast_ns * 1e-9,
+        transport_idle_s_per_byte={name: ns * 1e-9 for name, ns in transport_ns.items()})
 
 
 class _Checker:

@@ -84,6 +84,12 @@ def hierarchical_allreduce_s(nbytes: float, local: int, nodes: int, intra: Link,
 TRANSPORTS = ("shared_memory", "tcp")
 
 
+# Whose host work per byte an exchange across nodes does (tfscale.forecast.machines' figures;
+# each strategy's class names its own: Strategy.host_transports): raw TCP (MPI, and what
+# --calibrate's host figures time), tfscale's ring and TensorFlow's gRPC collective.
+HOST_TRANSPORTS = ("tcp", "ring", "grpc")
+
+
 def host_bytes(nbytes: float, algorithm: str, local: int, nodes: int,
                transport: str = "shared_memory") -> float:
     """Bytes one node's ranks put through the network stack for one all-reduce of ``nbytes``.

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from tfscale.forecast.machines import Machine
 from tfscale.forecast.model import (
+    ALGORITHMS,
+    HOST_TRANSPORTS,
+    TRANSPORTS,
     Exchange,
     Link,
     best_exchange,
@@ -16,6 +19,7 @@ from tfscale.forecast.model import (
     overlap_exchange,
     straggler_factor,
 )
+from tfscale.strategies import MULTI_PROCESS_DEFAULT, STRATEGIES
 
 if TYPE_CHECKING:
     from tfscale.forecast.efficiency import EpochsCurve
@@ -33,11 +37,41 @@ class Plan:
     batch_size: int
     ranks_per_node: int = 0  # 0: the machine's
     pinned: tuple[tuple[str, Any], ...] = ()  # exchange choices fixed by the user
-    transport: str = "shared_memory"  # a flat ring's in-node hops (tfscale.forecast.model)
+    transport: str = ""  # a flat ring's in-node hops ("": the strategy's; model.TRANSPORTS)
+    strategy: str = MULTI_PROCESS_DEFAULT  # whose transports carry the exchange (registered)
 
     @property
     def local(self) -> int:
         return self.ranks_per_node or self.machine.ranks_per_node
+
+    @property
+    def ring_transport(self) -> str:
+        """How the plan's flat ring crosses between two ranks of a node: the plan's
+        ``transport``, else its strategy's."""
+        return self.transport or _strategy(self.strategy).ring_hop_transport
+
+    def host_transport(self, algorithm: str) -> str:
+        """Whose host figure the plan's exchange across nodes with ``algorithm`` is charged
+        (:data:`HOST_TRANSPORTS`): its strategy's."""
+        return _strategy(self.strategy).host_transports[algorithm]
+
+
+def _strategy(name: str) -> Any:
+    """The registered strategy class of ``name``, its forecast transports checked.
+
+    Raises:
+        ValueError: for an unknown strategy (listing the registered ones), or one whose class
+            names a transport the model does not know.
+    """
+    cls = STRATEGIES.get(name)
+    unknown = sorted(set(cls.host_transports.values()) - set(HOST_TRANSPORTS)
+                     | {cls.ring_hop_transport} - set(TRANSPORTS))
+    if unknown or set(cls.host_transports) != set(ALGORITHMS):
+        raise ValueError(f"strategy {name!r}: host_transports={cls.host_transports!r}, "
+                         f"ring_hop_transport={cls.ring_hop_transport!r}; expected a transport "
+                         f"of {', '.join(HOST_TRANSPORTS)} for each of {', '.join(ALGORITHMS)}, "
+                         f"and one of {', '.join(TRANSPORTS)}")
+    return cls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +140,9 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
                host: bool = True) -> Callable[[float], float]:
     m = plan.machine
     sharing = ranks_per_core(m, local)
-    host_s = m.host_rate() if host and sharing > 1 else 0.0
+    host_s = m.host_rate(plan.host_transport(option.algorithm)) if host and sharing > 1 else 0.0
     return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
-                            plan.transport, m.ring_hop_GBps,
+                            plan.ring_transport, m.ring_hop_GBps,
                             m.cast_s_per_byte if host else 0.0, sharing)
 
 
@@ -198,7 +232,14 @@ def _options(plan: Plan) -> list[Exchange]:
 
 def forecast(plan: Plan, node_counts: Sequence[int]) -> list[Row]:
     """The forecast at each node count, with its best exchange; efficiency is relative to one
-    node of the same machine, as published scaling tables count it."""
+    node of the same machine, as published scaling tables count it.
+
+    Raises:
+        ValueError: for a plan's strategy or transport the model does not know.
+    """
+    _strategy(plan.strategy)
+    if plan.ring_transport not in TRANSPORTS:
+        raise ValueError(f"transport={plan.transport!r}; expected one of {', '.join(TRANSPORTS)}")
     figures, _ = plan.machine.figures(plan.model, plan.precision)
     local = plan.local
     # Ranks that take turns on a core each compute that much slower than the measured ones.

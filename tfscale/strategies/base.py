@@ -86,6 +86,12 @@ class Strategy(abc.ABC):
             its file: flags, ``--helpfull``'s group, job-script checks and ``config.options``
             come from them. A non-tuning one is refused under other strategies; a tuning one
             warns there that it is ignored.
+        host_transports: for the forecast (``tfscale.forecast --strategy``), whose host work per
+            byte its exchange across nodes does, by algorithm (``"flat"``, ``"hierarchical"``):
+            ``"tcp"`` (MPI or another library over raw TCP), ``"ring"`` (tfscale's socket
+            ring), ``"grpc"`` (TensorFlow's gRPC collective).
+        ring_hop_transport: for the forecast, how its flat ring crosses between two ranks of a
+            node: ``"shared_memory"`` (Open MPI, NCCL) or ``"tcp"`` (loopback TCP).
     """
 
     rendezvous: ClassVar[Rendezvous] = Rendezvous.NONE
@@ -93,6 +99,8 @@ class Strategy(abc.ABC):
     one_rank_per_gpu: ClassVar[bool] = False
     owned_flags: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[Option[Any], ...]] = ()
+    host_transports: ClassVar[dict[str, str]] = {"flat": "tcp", "hierarchical": "tcp"}
+    ring_hop_transport: ClassVar[str] = "shared_memory"
     # What carries the gradients inside and across nodes, once set up (exchange() says it).
     exchange_plan: ExchangePlan | None = None
 

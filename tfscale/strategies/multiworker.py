@@ -95,6 +95,10 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     # horovodrun starts Horovod ranks only; the other launchers give each rank what its
     # TF_CONFIG is built from.
     options = (NODE_EXCHANGE, COLLECTIVE)
+    # Across nodes: its flat ring (--node_exchange=collectives) is TensorFlow's gRPC
+    # collective, every hop over TCP; its hierarchical exchange's phase is tfscale's ring.
+    host_transports = {"flat": "grpc", "hierarchical": "ring"}
+    ring_hop_transport = "tcp"
 
     @classmethod
     def check_environment(cls) -> None:
