@@ -140,17 +140,17 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
 
 def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
     """The forecast's plan of one run, its exchange pinned to what the run used: algorithm,
-    fp16, Horovod's 128 MiB fusion buffer and tfscale's 5 ms cycle across nodes (multiworker
-    has no cycle: the shortest the model knows, 1 ms), and the transport of a flat ring's
-    in-node hops (Open MPI's shared memory under horovod and ddl, gRPC's loopback TCP under
-    multiworker)."""
+    fp16, and where the strategy has them, Horovod's 128 MiB fusion buffer and tfscale's 5 ms
+    cycle across nodes (multiworker has neither: one message after the backward pass,
+    ``Plan.fixed``); the strategy's transports (``Strategy.host_transports``)."""
     from tfscale.forecast.predict import Plan
 
-    multiworker = layout.strategy == "multiworker"
-    return Plan(machine, model, "fp32", batch_size, layout.local,
-                (("algorithm", layout.algorithm), ("fp16", layout.fp16), ("fusion_mb", 128.0),
-                 ("cycle_ms", 1.0 if multiworker else 5.0)),
+    plan = Plan(machine, model, "fp32", batch_size, layout.local,
+                (("algorithm", layout.algorithm), ("fp16", layout.fp16)),
                 strategy=layout.strategy)
+    horovod = tuple((choice, value) for choice, value in (("fusion_mb", 128.0), ("cycle_ms", 5.0))
+                    if choice not in plan.fixed)
+    return dataclasses.replace(plan, pinned=plan.pinned + horovod)
 
 
 def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,

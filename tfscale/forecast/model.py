@@ -141,8 +141,11 @@ class Exchange:
     cycle_ms: float = 5.0
 
     def describe(self) -> str:
-        return (f"{self.algorithm}{', fp16' if self.fp16 else ''}, fusion {self.fusion_mb:g} MB, "
-                f"cycle {self.cycle_ms:g} ms")
+        """``flat, fp16, fusion 64 MB, cycle 5 ms``; with an unbounded fusion buffer (a
+        strategy that all-reduces the gradients at once), ``flat, one message``."""
+        knobs = ("one message" if math.isinf(self.fusion_mb)
+                 else f"fusion {self.fusion_mb:g} MB, cycle {self.cycle_ms:g} ms")
+        return f"{self.algorithm}{', fp16' if self.fp16 else ''}, {knobs}"
 
     def allreduce(self, local: int, nodes: int, intra: Link, inter: Link,
                   host_s_per_byte: float = 0.0, transport: str = "shared_memory",
@@ -223,7 +226,10 @@ def overlap_exchange(gradient_bytes: float, backward_s: float, exchange: Exchang
         gradient_bytes: bytes of gradients per step (fp32, before compression).
         backward_s: the backward pass's duration; gradients become ready evenly over it, or all
             at its end when ``overlap`` is False (a worker whose exchange shares its cores).
-        exchange: fusion buffer and cycle time.
+        exchange: fusion buffer and cycle time; a cycle of 0 (a strategy without Horovod's
+            background thread, e.g. multiworker) all-reduces every gradient, in messages of at
+            most the fusion buffer (unbounded: one), when the backward pass ends, with no
+            negotiation.
         allreduce: seconds to all-reduce one message of N bytes.
         negotiate_s: fixed cost of each cycle that sends something.
         overlap: whether the exchange can run during the backward pass.
@@ -235,6 +241,13 @@ def overlap_exchange(gradient_bytes: float, backward_s: float, exchange: Exchang
     """
     if gradient_bytes <= 0 or allreduce(gradient_bytes) <= 0:
         return Overlap(0.0, 0.0, 0)
+    if not exchange.cycle_ms:  # no cycle: everything at once when the backward pass ends
+        fusion = exchange.fusion_mb * _MB
+        full = 0 if math.isinf(fusion) else int(gradient_bytes // fusion)
+        rest = gradient_bytes - full * fusion if full else gradient_bytes  # no 0 x inf
+        sizes = [fusion] * full + ([rest] if rest > 1e-12 * gradient_bytes else [])
+        busy = sum(allreduce(size) for size in sizes)
+        return Overlap(busy, busy, len(sizes))
     cycle = exchange.cycle_ms * 1e-3
     fusion = exchange.fusion_mb * _MB
     free = sent = busy = 0.0
@@ -272,7 +285,7 @@ def candidates(algorithm: str | None = None, fp16: bool | None = None,
         [algorithm] if algorithm else ALGORITHMS,
         [fp16] if fp16 is not None else (False, True),
         [fusion_mb] if fusion_mb else FUSION_MB_CHOICES,
-        [cycle_ms] if cycle_ms else CYCLE_MS_CHOICES)]
+        [cycle_ms] if cycle_ms is not None else CYCLE_MS_CHOICES)]
 
 
 def best_exchange(step_of: Callable[[Exchange], float],

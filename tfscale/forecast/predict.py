@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,25 @@ class Plan:
         """Whose host figure the plan's exchange across nodes with ``algorithm`` is charged
         (:data:`HOST_TRANSPORTS`): its strategy's."""
         return _strategy(self.strategy).host_transports[algorithm]
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """The exchange choices the plan's strategy does not offer, at what it does instead: a
+        strategy without a fusion buffer and cycle (its flags do not include
+        ``fusion_threshold_mb``, ``cycle_time_ms``: multiworker) all-reduces the step's
+        gradients in one message after the backward pass; without ``fp16_allreduce``, in
+        float32."""
+        flags = _strategy(self.strategy).flags()
+        return {choice: value for choice, (flag, value) in _STRATEGY_CHOICES.items()
+                if flag not in flags}
+
+
+# The exchange choices a strategy may offer: the config field that sets each, and what a
+# strategy without it does (one float32 message of all the gradients, as soon as they are all
+# ready: no cycle, model.overlap_exchange).
+_STRATEGY_CHOICES = {"fp16": ("fp16_allreduce", False),
+                     "fusion_mb": ("fusion_threshold_mb", math.inf),
+                     "cycle_ms": ("cycle_time_ms", 0.0)}
 
 
 def _strategy(name: str) -> Any:
@@ -227,7 +247,19 @@ def compute_s_per_image(plan: Plan) -> float:
 
 
 def _options(plan: Plan) -> list[Exchange]:
-    return candidates(**dict(plan.pinned))
+    """The exchanges the plan compares: its pins, its strategy's fixed choices, the rest
+    searched.
+
+    Raises:
+        ValueError: for a pin that the strategy does not offer, naming both.
+    """
+    fixed = plan.fixed
+    for choice, value in plan.pinned:
+        if choice in fixed and value != fixed[choice]:
+            raise ValueError(f"{choice}={value!r} is not a choice under --strategy="
+                             f"{plan.strategy}, which has no --{_STRATEGY_CHOICES[choice][0]}: "
+                             f"it uses {choice}={fixed[choice]!r}")
+    return candidates(**{**dict(plan.pinned), **fixed})
 
 
 def forecast(plan: Plan, node_counts: Sequence[int]) -> list[Row]:
