@@ -14,7 +14,8 @@ The rounds alternate the models' order.
     python -m bench.grpc_ring_host_time --report --result FILE   # what-if on a kept set
 
 ``--report`` charges the multiworker flat runs of a kept ``bench.shaped_links`` set these
-figures, for their gRPC host time, in place of each round's two-worker figure. The report
+figures, for their gRPC host time, in place of each round's two-worker figure (sets measured
+since 2026-11-28 evening take them in each round: ``grpc_ring_ns_per_stack_byte``). The report
 names them a what-if: they were measured on another day than the set.
 """
 
@@ -135,9 +136,8 @@ def what_if(kept: dict[str, Any], figures: dict[str, float]) -> str:
             measured.append(rate_of(run))
             rounds_own.append(forecast_rate(gbit, model, layout, rate_of(node), links[r],
                                             batch[model]))
-            mine = json.loads(json.dumps({str(k): v for k, v in links[r].items()}))
-            mine = {float(k): v for k, v in mine.items()}
-            mine[0.0]["idle_ns_per_byte"]["grpc"] = figures[model]
+            mine = {**links[r], 0.0: {**links[r][0.0],
+                                     "grpc_ring_ns_per_stack_byte": {model: figures[model]}}}
             topology.append(forecast_rate(gbit, model, layout, rate_of(node), mine,
                                           batch[model]))
         if not measured:

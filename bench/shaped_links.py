@@ -171,6 +171,18 @@ def in_node_figures(*flags: str) -> dict[str, Any]:
     return result
 
 
+def grpc_ring_figures() -> dict[str, float]:
+    """Per model: gRPC's host nanoseconds per stack byte in the 2x2 flat ring's own topology
+    at the model's gradient size (:func:`bench.grpc_ring_host_time.ns_per_stack_byte`: four
+    workers on the host, each node's two on one core, no link between them)."""
+    from bench.grpc_ring_host_time import ns_per_stack_byte
+    from tfscale.forecast.machines import load
+
+    preset = load("minicluster_25gbit")
+    return {model: ns_per_stack_byte(int(preset.model(model).gradient_bytes) // 4 * 4)
+            for model in MODELS}
+
+
 def cast_figures() -> dict[str, float]:
     """Per model: nanoseconds per float32 byte of casting its gradients to float16 and back
     (``--fp16_allreduce``'s work around the all-reduce) on a node's one core
@@ -266,7 +278,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         link_rows.append({"round": round_, "gbit": 0.0, "in_node": in_node_figures(),
                           "in_node_ring": in_node_figures("--horovod"),
                           "cast_ns_per_byte": cast_figures(),
-                          "idle_ns_per_byte": idle_figures(16 * 2**20)})
+                          "idle_ns_per_byte": idle_figures(16 * 2**20),
+                          "grpc_ring_ns_per_stack_byte": grpc_ring_figures()})
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})

@@ -126,7 +126,12 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # The host figures: the round's own measurement of each transport (sets from 2026-11-28
     # on; the plan's strategy picks its own, Strategy.host_transports), else the
     # preset's; a what-if's for the run's strategy replaces them all.
-    measured = links[0.0].get("idle_ns_per_byte", {})
+    measured = dict(links[0.0].get("idle_ns_per_byte", {}))
+    # gRPC in the flat ring's own topology at the model's size, where the round has it (sets
+    # from 2026-11-28 evening on: bench.grpc_ring_host_time), instead of two workers on a core.
+    in_topology = links[0.0].get("grpc_ring_ns_per_stack_byte", {}).get(model)
+    if measured and in_topology is not None:
+        measured["grpc"] = in_topology
     if host_ns and layout.strategy in host_ns:
         measured = dict.fromkeys(HOST_TRANSPORTS, host_ns[layout.strategy])
     if measured:

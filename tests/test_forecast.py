@@ -765,6 +765,15 @@ def test_shaped_link_report_charges_each_run_its_rounds_own_cast_and_transport_f
                 "2x2 multiworker flat") == pytest.approx(2e-9)
     assert rate(machine(new, "2x2 flat", {"multiworker": 2.0}), "2x2 flat") == pytest.approx(
         1e-9)
+    # A round that timed gRPC in the flat ring's own topology, for mlp: mlp's flat ring is
+    # charged that; resnet50's keeps the two-worker figure; nothing else moves.
+    new[0.0]["grpc_ring_ns_per_stack_byte"] = {"mlp": 2.2}
+    assert rate(machine(new, "2x2 multiworker flat"), "2x2 multiworker flat") == pytest.approx(
+        2.2e-9)
+    assert rate(machine(new, "2x2 multiworker flat", model="resnet50"),
+                "2x2 multiworker flat") == pytest.approx(3e-9)
+    assert rate(machine(new, "2x2 multiworker hierarchical"),
+                "2x2 multiworker hierarchical") == pytest.approx(1.5e-9)
 
 
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
