@@ -688,6 +688,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # With fp16's casts and each transport's host figure measured in each round.
     ("shaped_links_2026-11-28_epyc_fp16_multiworker.json", (), "13 of 16",
      "-37.3% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    # With gRPC timed in the flat ring's own topology in each round.
+    ("shaped_links_2026-11-28_epyc_grpc_topology.json", (), "4 of 4",
+     "-7.8% (resnet50, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, host_ns: tuple[str, ...], count: str, worst: str) -> None:
