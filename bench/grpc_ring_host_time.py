@@ -22,78 +22,31 @@ names them a what-if: they were measured on another day than the set.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from bench.common import OUT, cpu_description, in_round_order, save, table
 
-_WORKER = r'''
-import json, os, sys, time
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tensorflow as tf
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-nbytes, calls, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
-rank = strategy.cluster_resolver.task_id
-values = tf.fill([nbytes // 4], float(rank + 1))
-
-@tf.function
-def once():
-    return tf.raw_ops.CollectiveReduceV2(
-        input=values, group_size=size, group_key=0x3C000000, instance_key=0x3D000000,
-        ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring")
-
-got = once().numpy()
-if got[0] != size * (size + 1) / 2:
-    raise RuntimeError(f"the sum came back as {got[0]}")
-start = time.perf_counter()
-for _ in range(calls):
-    once().numpy()
-print(json.dumps({"seconds_per_call": (time.perf_counter() - start) / calls}))
-'''
 LOCAL, NODES = 2, 2
 _SECONDS = 3.0  # of all-reduces per measurement
-_NS_PER_BYTE = 6.0  # per all-reduced byte, roughly: sizes the runs
 
 
 def ns_per_stack_byte(nbytes: int, timeout_s: float = 600.0) -> float:
     """Host nanoseconds per stack byte of a 2x2 gRPC ring all-reduce of ``nbytes``, each
     node's two workers on one core (needs two cores)."""
-    from tfscale.cluster.environment import tf_config_envs
+    from tfscale.cli.host_time import time_workers
     from tfscale.forecast.model import host_bytes
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < NODES:
         raise RuntimeError(f"needs {NODES} cores, one per node; this process may use {cores}")
-    calls = max(3, round(_SECONDS / (nbytes * _NS_PER_BYTE * 1e-9)))
-    workers: list[subprocess.Popen[str]] = []
-    try:
-        for rank, env in enumerate(tf_config_envs(LOCAL * NODES)):
-            workers.append(subprocess.Popen(
-                [sys.executable, "-c", _WORKER, str(nbytes), str(calls), str(LOCAL * NODES)],
-                env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, preexec_fn=functools.partial(os.sched_setaffinity, 0,
-                                                        {cores[rank // LOCAL]})))
-        seconds = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=timeout_s)
-            if worker.returncode != 0:
-                raise RuntimeError(f"a gRPC ring worker failed (exit {worker.returncode}):\n"
-                                   f"{err[-2000:]}")
-            seconds.append(json.loads(out.strip().splitlines()[-1])["seconds_per_call"])
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-            worker.wait()
-    return max(seconds) / host_bytes(nbytes, "flat", LOCAL, NODES, "tcp") * 1e9
+    per_call = time_workers("grpc", nbytes, [cores[rank // LOCAL] for rank in range(LOCAL * NODES)],
+                            _SECONDS, timeout_s=timeout_s)
+    return per_call / host_bytes(nbytes, "flat", LOCAL, NODES, "tcp") * 1e9
 
 
 def measure(rounds: int, models: list[str]) -> dict[str, Any]:

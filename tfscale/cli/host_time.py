@@ -18,10 +18,12 @@ third process computes there. Prints one JSON line: ``{"transport", "nbytes", "b
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfscale.cluster.environment import tf_config_envs
@@ -41,23 +43,36 @@ def measure(transport: str, nbytes: int, seconds: float = 3.0, busy: bool = Fals
         ValueError: for a transport other than ``ring`` or ``grpc``.
         RuntimeError: when a worker fails, with the end of its error output.
     """
+    core = min(os.sched_getaffinity(0))
+    return time_workers(transport, nbytes, [core, core], seconds, busy, timeout_s) / nbytes * 1e9
+
+
+def time_workers(transport: str, nbytes: int, cores: Sequence[int], seconds: float = 3.0,
+                 busy: bool = False, timeout_s: float = 300.0) -> float:
+    """Seconds per all-reduce of ``nbytes`` through ``transport`` among ``len(cores)`` workers
+    (the slowest's), worker ``i`` pinned to ``cores[i]``; with a process computing on the first
+    worker's core when ``busy``. ``ring`` takes two workers; ``grpc`` one ring over them all.
+
+    Raises:
+        ValueError: for a transport other than ``ring`` or ``grpc``, or a ring not of two.
+        RuntimeError: when a worker fails, with the end of its error output.
+    """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r}; expected one of {', '.join(TRANSPORTS)}")
-    core = min(os.sched_getaffinity(0))
-
-    def pin() -> None:
-        os.sched_setaffinity(0, {core})
-
+    if transport == "ring" and len(cores) != 2:
+        raise ValueError(f"the ring is timed between 2 workers, not {len(cores)}")
     calls = max(3, round(seconds / (nbytes * _NS_PER_BYTE * 1e-9)))
     procs: list[subprocess.Popen[Any]] = []
     try:
         if busy:
-            procs.append(subprocess.Popen([sys.executable, "-c", _BURN], preexec_fn=pin))
+            procs.append(subprocess.Popen([sys.executable, "-c", _BURN],
+                                          preexec_fn=_pinned(cores[0])))
         workers = [subprocess.Popen(
             [sys.executable, "-m", "tfscale.cli.host_time", "--worker", transport,
              str(nbytes), "--calls", str(calls)],
-            env={**os.environ, **env}, preexec_fn=pin, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True) for env in tf_config_envs(2)]
+            env={**os.environ, **env}, preexec_fn=_pinned(core), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+            for core, env in zip(cores, tf_config_envs(len(cores)), strict=True)]
         procs += workers
         per_call = []
         for worker in workers:
@@ -66,12 +81,17 @@ def measure(transport: str, nbytes: int, seconds: float = 3.0, busy: bool = Fals
                 raise RuntimeError(f"the {transport} host-time worker failed (exit "
                                    f"{worker.returncode}):\n{err[-2000:]}")
             per_call.append(json.loads(out.strip().splitlines()[-1])["seconds_per_call"])
-        return max(per_call) / nbytes * 1e9
+        return max(per_call)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def _pinned(core: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that pins the child to ``core``."""
+    return functools.partial(os.sched_setaffinity, 0, {core})
 
 
 def main(argv: list[str] | None = None) -> int:

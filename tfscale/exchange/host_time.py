@@ -1,5 +1,5 @@
 """One worker of the host-time measurement of multiworker's transports
-(``python -m tfscale.cli.host_time``): an all-reduce between the two TF_CONFIG workers, through
+(``python -m tfscale.cli.host_time``): an all-reduce among the TF_CONFIG workers, through
 tfscale's ring as multiworker's cross-node phase calls it (``ring``:
 :func:`tfscale.exchange.cross_node.cross_node_sum`) or through TensorFlow's collective over the
 cluster's gRPC (``grpc``: what carries multiworker's flat ring, under
@@ -15,8 +15,9 @@ TRANSPORTS = ("ring", "grpc")
 
 
 def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
-    """One of the two workers (TF_CONFIG set): seconds per all-reduce of ``nbytes`` through
-    ``transport`` over ``calls`` calls, after a warm-up call whose sum is checked."""
+    """One of the workers TF_CONFIG names (two for ``ring``; any number for ``grpc``, one
+    ring over all of them): seconds per all-reduce of ``nbytes`` through ``transport`` over
+    ``calls`` calls, after a warm-up call whose sum is checked."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -29,6 +30,7 @@ def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
     # The strategy connects the cluster and configures its collectives, as under multiworker.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = strategy.cluster_resolver.task_id
+    size = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
     if transport == "ring":
         hosts = [w.rsplit(":", 1)[0]
                  for w in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
@@ -39,7 +41,7 @@ def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
     else:
         def cross_sum(chunk: tf.Tensor, tag: str) -> tf.Tensor:
             return tf.raw_ops.CollectiveReduceV2(
-                input=chunk, group_size=2, group_key=0x3A000000, instance_key=0x3B000000,
+                input=chunk, group_size=size, group_key=0x3A000000, instance_key=0x3B000000,
                 ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring")
     values = tf.fill([nbytes // 4], float(rank + 1))
 
@@ -48,8 +50,8 @@ def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
         return cross_sum(values, "tfscale.exchange.host_time")
 
     got = once().numpy()  # warm-up: connections, buffers
-    if got[0] != 3.0 or got[-1] != 3.0:
-        raise RuntimeError(f"the sum of 1 and 2 came back as {got[0]}, {got[-1]}")
+    if got[0] != size * (size + 1) / 2 or got[-1] != got[0]:
+        raise RuntimeError(f"the sum of 1 to {size} came back as {got[0]}, {got[-1]}")
     start = time.perf_counter()
     for _ in range(calls):
         once().numpy()
