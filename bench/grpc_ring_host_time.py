@@ -3,12 +3,13 @@
 ``bench.transport_host_time`` times TensorFlow's gRPC collective between two workers on one
 core. A 2x2 run of ``--strategy=multiworker --node_exchange=collectives`` is one gRPC ring
 over four workers, two on each node's core. This bench runs that ring with no link between the
-nodes: four TF_CONFIG workers, each "node's" two pinned to one core of this machine (ranks 0
-and 1 on the first, 2 and 3 on the second, the ring's order, so it crosses between the cores
-twice). Each all-reduce has the size of a model's gradients (``tfscale.forecast`` presets'
-``gradient_bytes``). The figure is nanoseconds per byte that one node's ranks put through the
-network stack (``tfscale.forecast.model.host_bytes``: ``2 x 1.5 n`` per all-reduce of ``n``).
-The rounds alternate the models' order.
+nodes (``python -m tfscale.cli.host_time grpc NBYTES --flat_ring``, which ``tfscale.forecast
+--calibrate`` also runs): four TF_CONFIG workers, each "node's" two pinned to one core of this
+machine (ranks 0 and 1 on the first, 2 and 3 on the second, the ring's order, so it crosses
+between the cores twice). Each all-reduce has the size of a model's gradients
+(``tfscale.forecast`` presets' ``gradient_bytes``). The figure is nanoseconds per byte that
+one node's ranks put through the network stack (``tfscale.forecast.model.host_bytes``:
+``2 x 1.5 n`` per all-reduce of ``n``). The rounds alternate the models' order.
 
     python -m bench.grpc_ring_host_time [--rounds 2] [--models mlp,resnet50]
     python -m bench.grpc_ring_host_time --report --result FILE   # what-if on a kept set
@@ -23,30 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 from bench.common import OUT, cpu_description, in_round_order, save, table
-
-LOCAL, NODES = 2, 2
-_SECONDS = 3.0  # of all-reduces per measurement
-
-
-def ns_per_stack_byte(nbytes: int, timeout_s: float = 600.0) -> float:
-    """Host nanoseconds per stack byte of a 2x2 gRPC ring all-reduce of ``nbytes``, each
-    node's two workers on one core (needs two cores)."""
-    from tfscale.cli.host_time import time_workers
-    from tfscale.forecast.model import host_bytes
-
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < NODES:
-        raise RuntimeError(f"needs {NODES} cores, one per node; this process may use {cores}")
-    per_call = time_workers("grpc", nbytes, [cores[rank // LOCAL] for rank in range(LOCAL * NODES)],
-                            _SECONDS, timeout_s=timeout_s)
-    return per_call / host_bytes(nbytes, "flat", LOCAL, NODES, "tcp") * 1e9
+from tfscale.cli.host_time import flat_ring
 
 
 def measure(rounds: int, models: list[str]) -> dict[str, Any]:
@@ -58,7 +42,7 @@ def measure(rounds: int, models: list[str]) -> dict[str, Any]:
     for r in range(rounds):
         for model in in_round_order(models, r):
             runs.append({"round": r, "model": model, "nbytes": sizes[model],
-                         "ns_per_stack_byte": ns_per_stack_byte(sizes[model])})
+                         "ns_per_stack_byte": flat_ring(sizes[model])})
             print(json.dumps(runs[-1]), flush=True)
     figures = {model: statistics.median(run["ns_per_stack_byte"] for run in runs
                                         if run["model"] == model) for model in models}

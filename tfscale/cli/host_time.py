@@ -9,10 +9,20 @@ that core, as raw TCP's figure of ``tfscale.forecast --calibrate`` is taken; wit
 third process computes there. Prints one JSON line: ``{"transport", "nbytes", "busy",
 "ns_per_byte"}``, nanoseconds per all-reduced byte (the slower worker's).
 
-    python -m tfscale.cli.host_time {ring,grpc} NBYTES [--seconds 3] [--busy]
+With ``--flat_ring`` (``grpc`` only) the all-reduce runs in the topology of multiworker's flat
+ring across two nodes whose two ranks share a core: four workers, ranks 0 and 1 on this
+process's first core and 2 and 3 on its second, one gRPC ring over them (it crosses between
+the cores twice). The figure is then nanoseconds per byte that one node's ranks put through
+the network stack (``"ns_per_stack_byte"``, :func:`tfscale.forecast.model.host_bytes`), the
+unit the forecast charges. Two workers on one core overstate gRPC's flat ring by about 1.5x at
+mlp's size (docs/FORECAST.md, "gRPC's flat ring in its own topology").
 
-``tfscale.forecast --calibrate`` writes both idle figures into a machine file;
-``bench.transport_host_time`` and ``bench.shaped_links`` take them in their rounds.
+    python -m tfscale.cli.host_time {ring,grpc} NBYTES [--seconds 3] [--busy]
+    python -m tfscale.cli.host_time grpc NBYTES --flat_ring
+
+``tfscale.forecast --calibrate`` writes the ring's figure and gRPC's (in the flat ring's
+topology where the node has two cores) into a machine file; ``bench.transport_host_time``
+and ``bench.shaped_links`` take them in their rounds.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from tfscale.exchange.host_time import TRANSPORTS, seconds_per_call
 
 _BURN = ("import numpy as np\na = np.random.rand(256, 256)\n"
          "while True:\n    a = np.tanh(a @ a)\n")
+FLAT_RING_LOCAL, FLAT_RING_NODES = 2, 2  # --flat_ring's ranks per node and nodes
 _NS_PER_BYTE = 6.0  # gRPC's, roughly: sizes the workers' runs to about --seconds
 
 
@@ -45,6 +56,25 @@ def measure(transport: str, nbytes: int, seconds: float = 3.0, busy: bool = Fals
     """
     core = min(os.sched_getaffinity(0))
     return time_workers(transport, nbytes, [core, core], seconds, busy, timeout_s) / nbytes * 1e9
+
+
+def flat_ring(nbytes: int, seconds: float = 3.0, timeout_s: float = 600.0) -> float:
+    """Host nanoseconds per stack byte of gRPC's flat ring over two nodes of two ranks each
+    sharing a core (see the module's text), for an all-reduce of ``nbytes``.
+
+    Raises:
+        RuntimeError: with fewer than two cores to run on, or when a worker fails.
+    """
+    from tfscale.forecast.model import host_bytes
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < FLAT_RING_NODES:
+        raise RuntimeError(f"the flat ring is timed with one core per node, {FLAT_RING_NODES} "
+                           f"cores; this process may use {cores}")
+    per_call = time_workers("grpc", nbytes, [cores[rank // FLAT_RING_LOCAL] for rank in
+                                             range(FLAT_RING_LOCAL * FLAT_RING_NODES)],
+                            seconds, timeout_s=timeout_s)
+    return per_call / host_bytes(nbytes, "flat", FLAT_RING_LOCAL, FLAT_RING_NODES, "tcp") * 1e9
 
 
 def time_workers(transport: str, nbytes: int, cores: Sequence[int], seconds: float = 3.0,
@@ -100,14 +130,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("nbytes", type=int, help="bytes all-reduced per call (a multiple of 4)")
     parser.add_argument("--seconds", type=float, default=3.0, help="of all-reduces to time")
     parser.add_argument("--busy", action="store_true", help="a third process computes there")
+    parser.add_argument("--flat_ring", action="store_true",
+                        help="grpc only: time the flat ring of two nodes of two ranks, each "
+                             "node's ranks on one core; prints ns per stack byte")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.nbytes < 4 or args.nbytes % 4:
         parser.error(f"NBYTES={args.nbytes}: expected a positive multiple of 4 (float32)")
+    if args.flat_ring and (args.transport != "grpc" or args.busy):
+        parser.error("--flat_ring times TensorFlow's gRPC ring on idle cores: it goes with "
+                     f"grpc and without --busy, not {args.transport}"
+                     + (" --busy" if args.busy else ""))
     if args.worker:
         print(json.dumps({"seconds_per_call": seconds_per_call(args.transport, args.nbytes,
                                                                args.calls)}))
+        return 0
+    if args.flat_ring:
+        print(json.dumps({"transport": args.transport, "nbytes": args.nbytes,
+                          "topology": f"{FLAT_RING_NODES} nodes x {FLAT_RING_LOCAL} ranks on "
+                                      "one core each, one flat ring",
+                          "ns_per_stack_byte": flat_ring(args.nbytes, args.seconds)}))
         return 0
     print(json.dumps({"transport": args.transport, "nbytes": args.nbytes, "busy": args.busy,
                       "ns_per_byte": measure(args.transport, args.nbytes, args.seconds,
