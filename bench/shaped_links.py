@@ -271,12 +271,16 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     first = 1 + max((r["round"] for r in runs), default=-1)
     cases = [(gbit, model, layout) for gbit in links for model in MODELS for layout in layouts]
     cases += [(0.0, model, layout) for model in MODELS for layout in ONE_NODE]
+    # "when" is the set's first start (an --append keeps it); each round notes its own.
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = {"cpu": cpu_description(), "rounds": first + rounds, "models": MODELS,
-              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+              "when": earlier.get("when", now) if earlier else now}
     for round_ in range(first, first + rounds):
         shape(0)
         grpc_ring = grpc_ring_figures()
-        link_rows.append({"round": round_, "gbit": 0.0, "in_node": in_node_figures(),
+        link_rows.append({"round": round_, "gbit": 0.0,
+                          "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                          "in_node": in_node_figures(),
                           "in_node_ring": in_node_figures("--horovod"),
                           "cast_ns_per_byte": cast_figures(),
                           "idle_ns_per_byte": idle_figures(16 * 2**20),

@@ -632,6 +632,30 @@ def test_calibrate_reads_the_step_spread_and_times_the_host() -> None:
     assert idle > 0 and busy > 0
 
 
+def test_calibrate_times_grpc_in_its_flat_rings_topology_where_it_can(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC's figure is timed as the flat ring it carries (two nodes of two ranks sharing a
+    core: four workers on two cores, per stack byte); a one-core node can only time two
+    workers on its core, and the file's source says so."""
+    commands: list[list[str]] = []
+
+    def run(command: list[str], timeout_s: int) -> str:
+        commands.append(command)
+        key = "ns_per_stack_byte" if "--flat_ring" in command else "ns_per_byte"
+        return json.dumps({key: 2.5})
+
+    monkeypatch.setattr(calibrate, "_run", run)
+    monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {0, 1})
+    ns, how = calibrate.grpc_time(9_437_186)
+    assert ns == 2.5 and "flat ring's topology" in how and "9437184 gradient bytes" in how
+    assert commands[-1][-5:] == ["grpc", "9437184", "--seconds", "3.0", "--flat_ring"]
+    monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {0})
+    ns, how = calibrate.grpc_time(9_437_186)
+    assert ns == 2.5 and "one core here" in how and "--flat_ring" not in commands[-1]
+    with pytest.raises(SystemExit):
+        host_time_command.main(["ring", "1024", "--flat_ring"])
+
+
 @pytest.mark.slow
 def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     out = tmp_path / "node.json"
@@ -656,7 +680,8 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # multiworker's transports, timed on the idle core; the CLI's --strategy charges them.
     assert set(machine.transport_idle_s_per_byte) == {"ring", "grpc"}
     assert min(machine.transport_idle_s_per_byte.values()) > 0
-    assert "gRPC collective" in machine.raw["exchange"]["host_source"]
+    assert (("gRPC collective in its flat ring's topology" if len(os.sched_getaffinity(0)) > 1
+             else "one core here") in machine.raw["exchange"]["host_source"])
     rows = tmp_path / "rows.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tfscale.forecast", f"--machine={out}", "--model=mlp",

@@ -38,10 +38,10 @@ from typing import Any
 
 from tfscale.cluster.environment import tf_config_envs
 from tfscale.exchange.host_time import TRANSPORTS, seconds_per_call
+from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES, host_bytes
 
 _BURN = ("import numpy as np\na = np.random.rand(256, 256)\n"
          "while True:\n    a = np.tanh(a @ a)\n")
-FLAT_RING_LOCAL, FLAT_RING_NODES = 2, 2  # --flat_ring's ranks per node and nodes
 _NS_PER_BYTE = 6.0  # gRPC's, roughly: sizes the workers' runs to about --seconds
 
 
@@ -65,8 +65,6 @@ def flat_ring(nbytes: int, seconds: float = 3.0, timeout_s: float = 600.0) -> fl
     Raises:
         RuntimeError: with fewer than two cores to run on, or when a worker fails.
     """
-    from tfscale.forecast.model import host_bytes
-
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < FLAT_RING_NODES:
         raise RuntimeError(f"the flat ring is timed with one core per node, {FLAT_RING_NODES} "

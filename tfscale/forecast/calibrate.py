@@ -15,9 +15,12 @@ Child processes (TensorFlow loads only in them):
    exchange on a busy core (``exchange.host_ns_per_byte``), and the same with the core
    otherwise idle (``exchange.idle_ns_per_byte``, what the forecast charges where the exchange
    runs after the backward pass);
-5. two pairs of TensorFlow workers (:mod:`tfscale.cli.host_time`) that time the same
-   all-reduce on one idle core through multiworker's own transports, tfscale's ring and
-   TensorFlow's gRPC collective (``exchange.idle_ns_per_byte_by_transport``);
+5. TensorFlow workers (:mod:`tfscale.cli.host_time`) that time an all-reduce on idle cores
+   through multiworker's own transports (``exchange.idle_ns_per_byte_by_transport``):
+   tfscale's ring, two workers on one core, as raw TCP's figure is taken; TensorFlow's gRPC
+   collective in the topology of the flat ring it carries, two nodes of two ranks sharing a
+   core (``--flat_ring``: four workers on two cores, at the model's gradient size; two
+   workers on one core overstate it by about 1.5x), or on a one-core node as the ring;
 6. a TensorFlow child that casts the model's gradient bytes from float32 to float16 and back,
    as ``--fp16_allreduce`` does around its all-reduce: that work's time per float32 byte
    (``exchange.cast_ns_per_byte``) on this node's cores.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import re
 import statistics
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tfscale.forecast import machines
+from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES
 from tfscale.training.files import write_json_atomic
 
 SYNTHETIC = "synthetic"
@@ -184,6 +189,24 @@ def transport_time(transport: str, nbytes: int = 16 * 2**20, seconds: float = 3.
     return float(json.loads(out.strip().splitlines()[-1])["ns_per_byte"])
 
 
+def grpc_time(nbytes: int, seconds: float = 3.0, timeout_s: int = 600) -> tuple[float, str]:
+    """Idle host nanoseconds per stack byte of gRPC's flat ring, timed in its own topology
+    (``python -m tfscale.cli.host_time grpc NBYTES --flat_ring``) where this process may use
+    two cores, else per byte between two workers on one core (:func:`transport_time`); with
+    the words that say which, for the file's source."""
+    nbytes = max(4, nbytes // 4 * 4)
+    if len(os.sched_getaffinity(0)) < FLAT_RING_NODES:
+        return transport_time("grpc", seconds=seconds), (
+            "TensorFlow's gRPC collective between two workers on the idle core (16 MiB; one "
+            "core here: not in the flat ring's topology, about 1.5x too high for it)")
+    out = _run([sys.executable, "-m", "tfscale.cli.host_time", "grpc", str(nbytes),
+                "--seconds", str(seconds), "--flat_ring"], timeout_s)
+    return float(json.loads(out.strip().splitlines()[-1])["ns_per_stack_byte"]), (
+        f"TensorFlow's gRPC collective in its flat ring's topology ({FLAT_RING_NODES} nodes of "
+        f"{FLAT_RING_LOCAL} ranks, each node's on one idle core, at the model's {nbytes} "
+        "gradient bytes; per byte through the network stack)")
+
+
 def cast_time(nbytes: int, seconds: float = 2.0, timeout_s: int = 120) -> float:
     """Nanoseconds per float32 byte of casting ``nbytes`` of float32 to float16 and back in a
     ``tf.function`` (the median call; the result read back, as the all-reduce reads it)."""
@@ -252,7 +275,8 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
         if dataset not in (None, SYNTHETIC):
             pipeline = _train(common, Path(tmp) / "pipeline", timeout_s)[0]["images_per_sec"]
     idle_ns, busy_ns = host_time()
-    by_transport = {transport: transport_time(transport) for transport in ("ring", "grpc")}
+    grpc_ns, grpc_how = grpc_time(gradient_bytes)
+    by_transport = {"ring": transport_time("ring"), "grpc": grpc_ns}
     cast_ns = cast_time(gradient_bytes)
     spread = step_cv(log, batch_size)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -274,11 +298,10 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
                             f"({cpu_name()}): an all-reduce of 16 MiB between two processes "
                             "on one core over loopback TCP with a third computing on that core "
                             f"(busy): {busy_ns:.2f} ns per byte; the core otherwise idle: "
-                            f"{idle_ns:.2f} ns per byte; the same all-reduce on the idle "
-                            "core through tfscale's ring and TensorFlow's gRPC collective "
-                            "(python -m tfscale.cli.host_time): "
-                            f"{by_transport['ring']:.2f} and {by_transport['grpc']:.2f} ns "
-                            f"per byte; casting {model}'s "
+                            f"{idle_ns:.2f} ns per byte; (python -m tfscale.cli.host_time) "
+                            "the same all-reduce on the idle core through tfscale's ring: "
+                            f"{by_transport['ring']:.2f} ns per byte; {grpc_how}: "
+                            f"{by_transport['grpc']:.2f} ns; casting {model}'s "
                             f"{gradient_bytes} gradient bytes to float16 and back in a "
                             f"tf.function: {cast_ns:.3f} ns per float32 byte")},
         "stragglers": None if spread is None else {

@@ -88,6 +88,9 @@ TRANSPORTS = ("shared_memory", "tcp")
 # each strategy's class names its own: Strategy.host_transports): raw TCP (MPI, and what
 # --calibrate's host figures time), tfscale's ring and TensorFlow's gRPC collective.
 HOST_TRANSPORTS = ("tcp", "ring", "grpc")
+# The flat ring in which gRPC's host figure is timed (python -m tfscale.cli.host_time grpc N
+# --flat_ring, which --calibrate runs): nodes of ranks that share one core each.
+FLAT_RING_NODES, FLAT_RING_LOCAL = 2, 2
 
 
 def host_bytes(nbytes: float, algorithm: str, local: int, nodes: int,
