@@ -16,6 +16,10 @@ Each run is set against the floor its link sets (compute + bytes crossing the li
 shaped rate) and against ``tfscale.forecast``, whose machine is calibrated on the round's own
 1-node runs and link measurements only (never on a 2-node run).
 
+multiworker's flat runs are charged gRPC's host figure timed in their own topology
+(``python -m tfscale.cli.host_time grpc N --flat_ring``), at each round's start and end, the
+mean of both (since 2026-11-28 night; the set before timed it once, at the start).
+
 Every node has one core of this machine (launch.minicluster), so the 2 ranks of a node share
 it. The kernel here has no ``netem``: latency is the path's own, measured, not added.
 

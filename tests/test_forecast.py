@@ -716,6 +716,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # With gRPC timed in the flat ring's own topology in each round.
     ("shaped_links_2026-11-28_epyc_grpc_topology.json", (), "4 of 4",
      "-7.8% (resnet50, 25 Gbit/s, 2x2 multiworker flat)"),
+    # ... timed at each round's start and end.
+    ("shaped_links_2026-11-28_epyc_grpc_bracketed.json", (), "3 of 4",
+     "+11.2% (mlp, 10 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, host_ns: tuple[str, ...], count: str, worst: str) -> None:
