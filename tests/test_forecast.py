@@ -330,6 +330,20 @@ def test_a_node_whose_exchange_runs_after_the_backward_pass_pays_the_idle_host_f
     overlapped = json.loads(json.dumps(doc))
     overlapped["exchange"]["overlap"] = True
     assert machines.parse(overlapped, tmp_path / "m.json").host_rate() == machine.host_s_per_byte
+    # multiworker starts its exchange when the backward pass ends (no cycle): idle on any
+    # machine, so its forecast does not depend on "overlap"; horovod's does (busy figure).
+    doc["exchange"]["idle_ns_per_byte_by_transport"] = {"ring": 1.6, "grpc": 2.0}
+    overlapped["exchange"]["idle_ns_per_byte_by_transport"] = {"ring": 1.6, "grpc": 2.0}
+    for algorithm in ("flat", "hierarchical"):
+        rows = {(strategy, on): forecast(Plan(
+            machines.parse(overlapped if on else doc, tmp_path / "m.json"), "mlp", "fp32", 64,
+            2, (("algorithm", algorithm), ("fp16", False)), strategy=strategy), [2])[0]
+            for strategy in ("multiworker", "horovod") for on in (False, True)}
+        assert rows["multiworker", True].step_ms == pytest.approx(
+            rows["multiworker", False].step_ms)
+        assert rows["horovod", True].exchange_busy_ms > rows["horovod", False].exchange_busy_ms
+    assert machines.parse(overlapped, tmp_path / "m.json").host_rate(
+        "grpc", after_backward=True) == pytest.approx(2.0e-9)
     busy_only = json.loads(json.dumps(doc))
     del busy_only["exchange"]["idle_ns_per_byte"]
     assert machines.parse(busy_only, tmp_path / "m.json").host_rate() == machine.host_s_per_byte

@@ -87,13 +87,14 @@ class Machine:
     # Idle figures of transports other than raw TCP ("ring", "grpc"), where measured.
     transport_idle_s_per_byte: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    def host_rate(self, transport: str = "tcp") -> float:
+    def host_rate(self, transport: str = "tcp", after_backward: bool = False) -> float:
         """Host seconds per byte of an exchange through ``transport`` (:data:`HOST_TRANSPORTS`)
         where a node's ranks share its cores: the idle core's figure when the exchange runs
-        after the backward pass (``overlap`` false: nothing computes beside it) and the file
+        after the backward pass (``overlap`` false, or ``after_backward``: a strategy whose
+        exchange starts when the backward pass ends; nothing computes beside it) and the file
         gives it (the transport's own where it has one, else raw TCP's), else the busy core's
         (measured over raw TCP only)."""
-        if not self.overlap and self.idle_host_s_per_byte:
+        if (after_backward or not self.overlap) and self.idle_host_s_per_byte:
             return self.transport_idle_s_per_byte.get(transport, self.idle_host_s_per_byte)
         return self.host_s_per_byte
 

@@ -160,7 +160,10 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
                host: bool = True) -> Callable[[float], float]:
     m = plan.machine
     sharing = ranks_per_core(m, local)
-    host_s = m.host_rate(plan.host_transport(option.algorithm)) if host and sharing > 1 else 0.0
+    # Without a cycle (multiworker) the exchange starts when the backward pass ends
+    # (model.overlap_exchange): nothing computes beside it, on any machine.
+    host_s = (m.host_rate(plan.host_transport(option.algorithm), after_backward=not option.cycle_ms)
+              if host and sharing > 1 else 0.0)
     return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
                             plan.ring_transport, m.ring_hop_GBps,
                             m.cast_s_per_byte if host else 0.0, sharing)
