@@ -15,6 +15,7 @@ time at the link's rate (:func:`tfscale.forecast.model.flat_allreduce_s` with th
 latency): "added / wire" near 1 means the wire adds, near 0 that it hides.
 
     python -m bench.grpc_link_time [--rounds 2] [--links 25,10] [--models mlp,resnet50]  (root)
+    python -m bench.grpc_link_time --report [--result FILE]   (the table of a saved result)
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_description, in_round_order, save, table
+from bench.common import OUT, cpu_description, in_round_order, save, table
 
 PORT = 47311
 LOCAL, NODES = 2, 2
@@ -120,11 +122,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--links", default="25,10", help="Gbit/s, comma-separated")
     parser.add_argument("--models", default="mlp,resnet50")
+    parser.add_argument("--report", action="store_true", help="only the table of --result")
+    parser.add_argument("--result", type=Path, default=OUT / "grpc_link_time.json",
+                        help="with --report: a saved result (default: the last run's)")
     parser.add_argument("--worker", nargs=2, type=int, metavar=("NBYTES", "CALLS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
+        return 0
+    if args.report:
+        if not args.result.exists():
+            parser.error(f"--report: no result at {args.result}; run without --report first")
+        print(report(json.loads(args.result.read_text())))
         return 0
     result = measure(args.rounds, [float(x) for x in args.links.split(",") if x.strip()],
                      [m.strip() for m in args.models.split(",") if m.strip()])
