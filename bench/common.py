@@ -88,6 +88,14 @@ def memcpy_gbps(megabytes: int = 256, repeats: int = 5) -> float:
     return 2 * src.nbytes / best / 1e9
 
 
+def gradient_bytes(model: str) -> int:
+    """The bytes of ``model``'s gradients in the mini-cluster's presets, as a whole number of
+    float32 values: the size the host-time benches all-reduce."""
+    from tfscale.forecast.machines import load
+
+    return int(load("minicluster_25gbit").model(model).gradient_bytes) // 4 * 4
+
+
 def cpu_description() -> str:
     """The CPU model and its vector/bf16 instruction-set flags (figures depend on them)."""
     from tfscale.training.precision import cpu_info, vector_flags

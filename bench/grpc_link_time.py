@@ -28,10 +28,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import OUT, cpu_description, in_round_order, save, table
+from bench.common import OUT, cpu_description, gradient_bytes, in_round_order, save, table
+from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES
 
 PORT = 47311
-LOCAL, NODES = 2, 2
+LOCAL, NODES = FLAT_RING_LOCAL, FLAT_RING_NODES  # a 2x2 run's flat ring
 _SECONDS = 4.0  # of all-reduces per timing
 _NS_PER_STACK_BYTE = 2.5  # roughly, at 2 ranks per core: sizes a timing to about _SECONDS
 
@@ -76,10 +77,8 @@ def wire_s(nbytes: int, gbit: float) -> float:
 
 def measure(rounds: int, links: list[float], models: list[str]) -> dict[str, Any]:
     from bench.shaped_links import shape, two_nodes
-    from tfscale.forecast.machines import load
 
-    sizes = {model: int(load("minicluster_25gbit").model(model).gradient_bytes) // 4 * 4
-             for model in models}
+    sizes = {model: gradient_bytes(model) for model in models}
     runs: list[dict[str, Any]] = []
     with two_nodes():
         for r in range(rounds):

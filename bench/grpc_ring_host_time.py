@@ -29,15 +29,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import OUT, cpu_description, in_round_order, save, table
+from bench.common import OUT, cpu_description, gradient_bytes, in_round_order, save, table
 from tfscale.cli.host_time import flat_ring
 
 
 def measure(rounds: int, models: list[str]) -> dict[str, Any]:
-    from tfscale.forecast.machines import load
-
-    sizes = {model: int(load("minicluster_25gbit").model(model).gradient_bytes) // 4 * 4
-             for model in models}
+    sizes = {model: gradient_bytes(model) for model in models}
     runs: list[dict[str, Any]] = []
     for r in range(rounds):
         for model in in_round_order(models, r):

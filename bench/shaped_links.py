@@ -179,12 +179,10 @@ def grpc_ring_figures() -> dict[str, float]:
     """Per model: gRPC's host nanoseconds per stack byte in the 2x2 flat ring's own topology
     at the model's gradient size (:func:`tfscale.cli.host_time.flat_ring`: four workers on
     the host, each node's two on one core, no link between them)."""
+    from bench.common import gradient_bytes
     from tfscale.cli.host_time import flat_ring
-    from tfscale.forecast.machines import load
 
-    preset = load("minicluster_25gbit")
-    return {model: flat_ring(int(preset.model(model).gradient_bytes) // 4 * 4)
-            for model in MODELS}
+    return {model: flat_ring(gradient_bytes(model)) for model in MODELS}
 
 
 def cast_figures() -> dict[str, float]:
@@ -279,9 +277,12 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = {"cpu": cpu_description(), "rounds": first + rounds, "models": MODELS,
               "when": earlier.get("when", now) if earlier else now}
+    # gRPC's flat-ring figure is charged to multiworker's flat runs only.
+    times_grpc = any(layout.strategy == "multiworker" and layout.algorithm == "flat"
+                     for layout in layouts)
     for round_ in range(first, first + rounds):
         shape(0)
-        grpc_ring = grpc_ring_figures()
+        grpc_ring = grpc_ring_figures() if times_grpc else {}
         link_rows.append({"round": round_, "gbit": 0.0,
                           "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                           "in_node": in_node_figures(),
@@ -315,8 +316,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                   f"({result.get('exchange')})",
                   flush=True)
             save("shaped_links", {**header, "partial": True, "links": link_rows, "runs": runs})
-        if any(layout.strategy == "multiworker" and layout.algorithm == "flat"
-               for layout in layouts):
+        if times_grpc:
             # gRPC's figure again at the round's end: one 3-second timing swung by up to 45%
             # between rounds (the grpc_topology set), more than the runs it is charged to.
             # The round's figure is the mean of both; each timing is kept.

@@ -7,7 +7,6 @@ cluster's gRPC (``grpc``: what carries multiworker's flat ring, under
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -21,6 +20,7 @@ def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
+    from tfscale.cluster.environment import parse_tf_config
     from tfscale.exchange import cross_node
     from tfscale.exchange.tf_distribute import process_sum
     from tfscale.exchange.topology import Topology
@@ -29,11 +29,10 @@ def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     # The strategy connects the cluster and configures its collectives, as under multiworker.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    rank = strategy.cluster_resolver.task_id
-    size = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    rank, workers = parse_tf_config(os.environ["TF_CONFIG"])
+    size = len(workers)
     if transport == "ring":
-        hosts = [w.rsplit(":", 1)[0]
-                 for w in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
+        hosts = [worker.rsplit(":", 1)[0] for worker in workers]
         ring = cross_node.open_cross_node_ring(
             Topology(((0,), (1,)), rank), hosts, 1,
             lambda values: process_sum(strategy, 2, values), 120.0)

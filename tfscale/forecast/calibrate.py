@@ -180,13 +180,15 @@ def host_time(nbytes: int = 16 * 2**20, seconds: float = 3.0,
 
 
 def transport_time(transport: str, nbytes: int = 16 * 2**20, seconds: float = 3.0,
-                   timeout_s: int = 300) -> float:
+                   timeout_s: int = 300, flat_ring: bool = False) -> float:
     """Idle host nanoseconds per byte of a two-worker all-reduce on one core through
     multiworker's ``transport`` ("ring" or "grpc"): :mod:`tfscale.cli.host_time`, in a
-    child process, as :func:`host_time` times raw TCP."""
+    child process, as :func:`host_time` times raw TCP; with ``flat_ring`` (gRPC), per stack
+    byte of the flat ring in its own topology."""
     out = _run([sys.executable, "-m", "tfscale.cli.host_time", transport, str(nbytes),
-                "--seconds", str(seconds)], timeout_s)
-    return float(json.loads(out.strip().splitlines()[-1])["ns_per_byte"])
+                "--seconds", str(seconds), *(["--flat_ring"] if flat_ring else [])], timeout_s)
+    figure = "ns_per_stack_byte" if flat_ring else "ns_per_byte"
+    return float(json.loads(out.strip().splitlines()[-1])[figure])
 
 
 def grpc_time(nbytes: int, seconds: float = 3.0, timeout_s: int = 600) -> tuple[float, str]:
@@ -199,9 +201,7 @@ def grpc_time(nbytes: int, seconds: float = 3.0, timeout_s: int = 600) -> tuple[
         return transport_time("grpc", seconds=seconds), (
             "TensorFlow's gRPC collective between two workers on the idle core (16 MiB; one "
             "core here: not in the flat ring's topology, about 1.5x too high for it)")
-    out = _run([sys.executable, "-m", "tfscale.cli.host_time", "grpc", str(nbytes),
-                "--seconds", str(seconds), "--flat_ring"], timeout_s)
-    return float(json.loads(out.strip().splitlines()[-1])["ns_per_stack_byte"]), (
+    return transport_time("grpc", nbytes, seconds, timeout_s, flat_ring=True), (
         f"TensorFlow's gRPC collective in its flat ring's topology ({FLAT_RING_NODES} nodes of "
         f"{FLAT_RING_LOCAL} ranks, each node's on one idle core, at the model's {nbytes} "
         "gradient bytes; per byte through the network stack)")
