@@ -15,7 +15,8 @@ time at the link's rate (:func:`tfscale.forecast.model.flat_allreduce_s` with th
 latency): "added / wire" near 1 means the wire adds, near 0 that it hides.
 
     python -m bench.grpc_link_time [--rounds 2] [--links 25,10] [--models mlp,resnet50]  (root)
-    python -m bench.grpc_link_time --report [--result FILE]   (the table of a saved result)
+    python -m bench.grpc_link_time --report [--result FILE ...]   (a saved result's table;
+                                                                 several: rounds pooled)
 """
 
 from __future__ import annotations
@@ -93,27 +94,59 @@ def measure(rounds: int, links: list[float], models: list[str]) -> dict[str, Any
     return {"cpu": cpu_description(), "rounds": rounds, "runs": runs}
 
 
+def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several saved results as one, their rounds numbered on (the CPU of the first; a
+    result taken on another CPU is refused)."""
+    runs: list[dict[str, Any]] = []
+    for result in results:
+        if result["cpu"] != results[0]["cpu"]:
+            raise ValueError(f"results from different CPUs: {results[0]['cpu']!r} and "
+                             f"{result['cpu']!r}")
+        first = 1 + max((run["round"] for run in runs), default=-1)
+        runs += [{**run, "round": first + run["round"]} for run in result["runs"]]
+    return {"cpu": results[0]["cpu"], "rounds": sum(r["rounds"] for r in results), "runs": runs}
+
+
 def report(result: dict[str, Any]) -> str:
+    """Per model and link: ms per all-reduce (mean and range over the rounds); for a shaped
+    link, what it adds to the same round's unshaped time (mean, and its range over the
+    rounds: pairs within a round keep this VM's drift between rounds out), against the wire's
+    own time."""
     rows = []
+    shares = []
     models = sorted({run["model"] for run in result["runs"]})
     for model in models:
-        def mean_s(gbit: float, model: str = model) -> float:
-            return statistics.mean(run["seconds_per_call"] for run in result["runs"]
-                                   if run["model"] == model and run["gbit"] == gbit)
+        added_ms = wire_ms = 0.0
+        by_round: dict[int, dict[float, float]] = {}
+        for run in result["runs"]:
+            if run["model"] == model:
+                by_round.setdefault(run["round"], {})[run["gbit"]] = run["seconds_per_call"]
         nbytes = next(run["nbytes"] for run in result["runs"] if run["model"] == model)
-        base = mean_s(0.0)
-        for gbit in sorted({run["gbit"] for run in result["runs"]}):
+        for gbit in sorted({g for times in by_round.values() for g in times}):
+            ms = [times[gbit] * 1e3 for times in by_round.values() if gbit in times]
             row: dict[str, Any] = {"model": model,
                                    "link": f"{gbit:g} Gbit/s" if gbit else "unshaped",
-                                   "ms per all-reduce": mean_s(gbit) * 1e3}
-            if gbit:
-                wire = wire_s(nbytes, gbit)
-                row.update({"added ms": (mean_s(gbit) - base) * 1e3, "wire ms": wire * 1e3,
-                            "added / wire": (mean_s(gbit) - base) / wire})
+                                   "ms per all-reduce": statistics.mean(ms),
+                                   "range": f"{min(ms):.1f}-{max(ms):.1f}", "rounds": len(ms)}
+            pairs = [(times[gbit] - times[0.0]) * 1e3 for times in by_round.values()
+                     if gbit and gbit in times and 0.0 in times]
+            if pairs:
+                wire = wire_s(nbytes, gbit) * 1e3
+                added = statistics.mean(pairs)
+                added_ms, wire_ms = added_ms + added, wire_ms + wire
+                row.update({"added ms": added,
+                            "added, per round": f"{min(pairs):.1f} to {max(pairs):.1f}",
+                            "wire ms": wire, "added / wire": added / wire})
             rows.append(row)
-    columns = ["model", "link", "ms per all-reduce", "added ms", "wire ms", "added / wire"]
+        if wire_ms:
+            shares.append(f"{model}: {added_ms:.2f} of {wire_ms:.2f} ms, "
+                          f"{added_ms / wire_ms:.2f}")
+    columns = ["model", "link", "ms per all-reduce", "range", "rounds", "added ms",
+               "added, per round", "wire ms", "added / wire"]
+    pooled_line = ("\nThe shaped links together, added against the wire's time: "
+                   + "; ".join(shares) + "\n") if shares else ""
     return (f"CPU: {result['cpu']}; {result['rounds']} round(s)\n"
-            + table(rows, columns))
+            + table(rows, columns) + pooled_line)
 
 
 def main() -> int:
@@ -122,8 +155,9 @@ def main() -> int:
     parser.add_argument("--links", default="25,10", help="Gbit/s, comma-separated")
     parser.add_argument("--models", default="mlp,resnet50")
     parser.add_argument("--report", action="store_true", help="only the table of --result")
-    parser.add_argument("--result", type=Path, default=OUT / "grpc_link_time.json",
-                        help="with --report: a saved result (default: the last run's)")
+    parser.add_argument("--result", type=Path, action="append", default=[],
+                        help="with --report: a saved result (default: the last run's); "
+                             "repeated: their rounds pooled")
     parser.add_argument("--worker", nargs=2, type=int, metavar=("NBYTES", "CALLS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -131,9 +165,14 @@ def main() -> int:
         worker(*args.worker)
         return 0
     if args.report:
-        if not args.result.exists():
-            parser.error(f"--report: no result at {args.result}; run without --report first")
-        print(report(json.loads(args.result.read_text())))
+        paths = args.result or [OUT / "grpc_link_time.json"]
+        for path in paths:
+            if not path.exists():
+                parser.error(f"--report: no result at {path}; run without --report first")
+        try:
+            print(report(pooled([json.loads(path.read_text()) for path in paths])))
+        except ValueError as error:
+            parser.error(f"--report: {error}")
         return 0
     result = measure(args.rounds, [float(x) for x in args.links.split(",") if x.strip()],
                      [m.strip() for m in args.models.split(",") if m.strip()])
