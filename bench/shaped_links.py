@@ -29,7 +29,11 @@ jobs, whose mean is the baseline: the nodes share this machine's cache and memor
 two-node run keeps busy on both. Sets measured before (200 mlp steps, 8 resnet50 steps, the
 other node idle) keep their figures.
 
-    python -m bench.shaped_links [--rounds 2 --links 1,10,25]   (as root)
+With ``--adjacent_baselines`` (sets from 2026-11-29 on) each two-node run gets its own one-node
+baseline, run just before it, and its forecast is calibrated on that: this VM's speed moved by a
+quarter within half an hour with nothing changed (bench.shaped_link_pairs).
+
+    python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines]  (as root)
     python -m bench.shaped_links --report [--result FILE]         (tables from the last run)
 """
 
@@ -263,10 +267,14 @@ def train(model: str, layout: Layout) -> dict[str, Any]:
 
 
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
-            layouts: tuple[Layout, ...] = ACROSS) -> dict[str, Any]:
+            layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
     ``earlier`` (a saved result), its rounds are kept and these continue their count.
-    ``layouts``: the two-node runs (the one-node runs always run, for their baselines)."""
+    ``layouts``: the two-node runs (the one-node runs always run, for their baselines).
+    ``adjacent``: each two-node run also gets its own baseline, the one-node run with its
+    ranks per node run just before it (``baseline_images_per_sec``): this VM's speed drifted
+    by a quarter within half an hour (bench.shaped_link_pairs, 2026-11-29), more than a
+    round's one baseline, minutes away, can stand for."""
     OUT.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
     link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
@@ -301,8 +309,16 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                 sorted(cases, key=lambda c: (c[0], c[1])), round_):
             shape(gbit)
             start = time.monotonic()
+            baseline = {}
+            if adjacent and layout.uses_link:
+                one_node = next(one for one in ONE_NODE if one.local == layout.local)
+                before = train(model, one_node)
+                baseline = {"baseline_images_per_sec": (
+                    before["steady_images_per_sec"] or before["images_per_sec"],
+                    before.get("neighbour_images_per_sec"))}
             result = train(model, layout)
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
+                         **baseline,
                          "images_per_sec": result["images_per_sec"],
                          "steady_images_per_sec": result["steady_images_per_sec"],
                          "neighbour_images_per_sec": result.get("neighbour_images_per_sec"),
@@ -345,11 +361,17 @@ def main() -> int:
     parser.add_argument("--layouts", default="",
                         help="comma-separated two-node runs to measure (default: all; e.g. "
                              "'2x2 hierarchical,2x2 multiworker hierarchical')")
+    parser.add_argument("--adjacent_baselines", action="store_true",
+                        help="run each two-node run's one-node baseline just before it (the "
+                             "forecast of that run is calibrated on it, not on the round's)")
     parser.add_argument("--host_ns", action="append", default=[], metavar="STRATEGY=NS",
                         help="with --report: charge STRATEGY's runs NS nanoseconds of host "
                              "time per byte instead of the preset's (a what-if, e.g. "
                              "multiworker=6.9 from bench.transport_host_time's gRPC); repeatable")
     args = parser.parse_args()
+    if args.adjacent_baselines and args.report:
+        parser.error("--adjacent_baselines goes with a measurement, not --report (a result "
+                     "that has them is reported with them)")
     if (args.result or args.host_ns) and not args.report:
         parser.error("--result and --host_ns go with --report (a measurement saves into "
                      "bench/results/ and forecasts with the presets)")
@@ -365,7 +387,8 @@ def main() -> int:
         earlier = json.loads((OUT / "shaped_links.json").read_text()) if args.append else None
         with two_nodes():
             save("shaped_links", measure([float(x) for x in args.links.split(",")],
-                                         args.rounds, earlier, layouts))
+                                         args.rounds, earlier, layouts,
+                                         args.adjacent_baselines))
     from bench.shaped_links_report import report
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the

@@ -68,6 +68,16 @@ def rate_of(run: dict[str, Any]) -> float:
     return (rate + neighbour) / 2 if neighbour else rate
 
 
+def baseline_of(run: dict[str, Any]) -> float | None:
+    """The run's own one-node baseline where the set ran one just before it
+    (``--adjacent_baselines``: the mean of its two nodes' rates), else None."""
+    pair = run.get("baseline_images_per_sec")
+    if not pair:
+        return None
+    rate, neighbour = pair
+    return float((rate + neighbour) / 2 if neighbour else rate)
+
+
 def _by_round(result: dict[str, Any]) -> dict[int, dict[tuple[float, str, str], float]]:
     runs: dict[int, dict[tuple[float, str, str], float]] = defaultdict(dict)
     for run in result["runs"]:
@@ -179,6 +189,8 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
 
     layouts = _layouts()
     runs, links = _by_round(result), _links_by_round(result)
+    own_baseline = {(run["round"], run["gbit"], run["model"], run["layout"]): baseline_of(run)
+                    for run in result["runs"]}
     link_rows = []
     for gbit in sorted({row["gbit"] for row in result["links"] if row["gbit"]}):
         found = [links[r][gbit] for r in links if gbit in links[r]]
@@ -219,7 +231,8 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
         for r in sorted(runs):
             rate = runs[r].get((gbit, model, name))
             one = runs[r].get((0.0, model, "1x1"))
-            node = runs[r].get((0.0, model, f"1x{layout.local}"))
+            node = (own_baseline.get((r, gbit, model, name))
+                    or runs[r].get((0.0, model, f"1x{layout.local}")))
             if rate is None or one is None or node is None:
                 continue
             measured.append(rate)

@@ -733,6 +733,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # ... timed at each round's start and end.
     ("shaped_links_2026-11-28_epyc_grpc_bracketed.json", (), "3 of 4",
      "+11.2% (mlp, 10 Gbit/s, 2x2 multiworker flat)"),
+    # Every layout, one round, each two-node run with its own adjacent one-node baseline.
+    ("shaped_links_2026-11-29_epyc_adjacent.json", (), "21 of 32",
+     "+27.0% (mlp, 10 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, host_ns: tuple[str, ...], count: str, worst: str) -> None:
@@ -819,6 +822,45 @@ def test_shaped_link_report_charges_each_run_its_rounds_own_cast_and_transport_f
                 "2x2 multiworker flat") == pytest.approx(3e-9)
     assert rate(machine(new, "2x2 multiworker hierarchical"),
                 "2x2 multiworker hierarchical") == pytest.approx(1.5e-9)
+
+
+def test_a_run_with_its_own_adjacent_baseline_is_forecast_from_it() -> None:
+    """``--adjacent_baselines`` runs each two-node run's one-node baseline just before it; the
+    report then calibrates that run's forecast (and efficiency) on it instead of the round's
+    one-node run, minutes away. Equal to the round's, nothing moves; faster, the forecast
+    rises; other runs keep the round's."""
+    from bench.shaped_links_report import baseline_of, rows
+
+    kept = json.loads((ROOT / "docs" / "forecast" /
+                       "shaped_links_2026-11-28_epyc_rings.json").read_text())
+
+    def row(result: dict[str, Any], run: str, gbit: str = "10 Gbit/s") -> dict[str, Any]:
+        return next(r for r in rows(result)[1]
+                    if (r["model"], r["link"], r["run"]) == ("mlp", gbit, run))
+
+    def with_baseline(factor: float) -> dict[str, Any]:
+        result = copy.deepcopy(kept)
+        for run in result["runs"]:
+            if (run["gbit"], run["model"], run["layout"]) == (10.0, "mlp", "2x2 flat"):
+                node = next(o for o in result["runs"] if (o["round"], o["model"], o["layout"])
+                            == (run["round"], "mlp", "1x2"))
+                run["baseline_images_per_sec"] = [
+                    factor * node["steady_images_per_sec"],
+                    factor * node["neighbour_images_per_sec"]]
+        return result
+
+    before = row(kept, "2x2 flat")
+    assert row(with_baseline(1.0), "2x2 flat")["forecast images/s"] == pytest.approx(
+        before["forecast images/s"])
+    faster = with_baseline(1.2)
+    assert row(faster, "2x2 flat")["forecast images/s"] > 1.05 * before["forecast images/s"]
+    assert row(faster, "2x2 flat")["efficiency"] == pytest.approx(before["efficiency"] / 1.2)
+    for other in (("2x2 hierarchical", "10 Gbit/s"), ("2x2 flat", "25 Gbit/s")):
+        assert row(faster, *other)["forecast images/s"] == pytest.approx(
+            row(kept, *other)["forecast images/s"])
+    assert baseline_of({"baseline_images_per_sec": [100.0, 300.0]}) == 200.0
+    assert baseline_of({"baseline_images_per_sec": [100.0, None]}) == 100.0
+    assert baseline_of({}) is None
 
 
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
