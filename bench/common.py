@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -121,3 +122,45 @@ def save(name: str, data: dict[str, Any]) -> Path:
     path = OUT / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def add_report_flags(parser: argparse.ArgumentParser) -> None:
+    """``--report`` and repeatable ``--result``: a bench's table of saved results."""
+    parser.add_argument("--report", action="store_true", help="only the table of --result")
+    parser.add_argument("--result", type=Path, action="append", default=[],
+                        help="with --report: a saved result (default: the last run's); "
+                             "repeated: their rounds pooled")
+
+
+def pool_rounds(results: Sequence[dict[str, Any]], same: Sequence[str] = ("cpu",)
+                ) -> dict[str, Any]:
+    """Several saved results of a bench's rounds as one, their rounds numbered on.
+
+    Raises:
+        ValueError: for results that differ in one of ``same`` (e.g. their CPUs).
+    """
+    runs: list[dict[str, Any]] = []
+    for result in results:
+        for key in same:
+            if result[key] != results[0][key]:
+                raise ValueError(f"results of different {key}s: {results[0][key]!r} and "
+                                 f"{result[key]!r}")
+        first = 1 + max((run["round"] for run in runs), default=-1)
+        runs += [{**run, "round": first + run["round"]} for run in result["runs"]]
+    return {**results[0], "rounds": sum(r["rounds"] for r in results), "runs": runs}
+
+
+def print_saved_report(parser: argparse.ArgumentParser, paths: Sequence[Path], name: str,
+                       report: Callable[[dict[str, Any]], str],
+                       same: Sequence[str] = ("cpu",)) -> None:
+    """``--report``: the table of the saved results at ``paths`` (default: the last run's,
+    ``bench/results/<name>.json``), pooled (:func:`pool_rounds`); a missing or mismatched
+    one stops the parser."""
+    paths = list(paths) or [OUT / f"{name}.json"]
+    for path in paths:
+        if not path.exists():
+            parser.error(f"--report: no result at {path}; run without --report first")
+    try:
+        print(report(pool_rounds([json.loads(path.read_text()) for path in paths], same)))
+    except ValueError as error:
+        parser.error(f"--report: {error}")

@@ -26,10 +26,17 @@ import json
 import os
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-from bench.common import OUT, cpu_description, gradient_bytes, in_round_order, save, table
+from bench.common import (
+    add_report_flags,
+    cpu_description,
+    gradient_bytes,
+    in_round_order,
+    print_saved_report,
+    save,
+    table,
+)
 from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES
 
 PORT = 47311
@@ -94,19 +101,6 @@ def measure(rounds: int, links: list[float], models: list[str]) -> dict[str, Any
     return {"cpu": cpu_description(), "rounds": rounds, "runs": runs}
 
 
-def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several saved results as one, their rounds numbered on (the CPU of the first; a
-    result taken on another CPU is refused)."""
-    runs: list[dict[str, Any]] = []
-    for result in results:
-        if result["cpu"] != results[0]["cpu"]:
-            raise ValueError(f"results from different CPUs: {results[0]['cpu']!r} and "
-                             f"{result['cpu']!r}")
-        first = 1 + max((run["round"] for run in runs), default=-1)
-        runs += [{**run, "round": first + run["round"]} for run in result["runs"]]
-    return {"cpu": results[0]["cpu"], "rounds": sum(r["rounds"] for r in results), "runs": runs}
-
-
 def report(result: dict[str, Any]) -> str:
     """Per model and link: ms per all-reduce (mean and range over the rounds); for a shaped
     link, what it adds to the same round's unshaped time (mean, and its range over the
@@ -154,10 +148,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--links", default="25,10", help="Gbit/s, comma-separated")
     parser.add_argument("--models", default="mlp,resnet50")
-    parser.add_argument("--report", action="store_true", help="only the table of --result")
-    parser.add_argument("--result", type=Path, action="append", default=[],
-                        help="with --report: a saved result (default: the last run's); "
-                             "repeated: their rounds pooled")
+    add_report_flags(parser)
     parser.add_argument("--worker", nargs=2, type=int, metavar=("NBYTES", "CALLS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -165,14 +156,7 @@ def main() -> int:
         worker(*args.worker)
         return 0
     if args.report:
-        paths = args.result or [OUT / "grpc_link_time.json"]
-        for path in paths:
-            if not path.exists():
-                parser.error(f"--report: no result at {path}; run without --report first")
-        try:
-            print(report(pooled([json.loads(path.read_text()) for path in paths])))
-        except ValueError as error:
-            parser.error(f"--report: {error}")
+        print_saved_report(parser, args.result, "grpc_link_time", report)
         return 0
     result = measure(args.rounds, [float(x) for x in args.links.split(",") if x.strip()],
                      [m.strip() for m in args.models.split(",") if m.strip()])

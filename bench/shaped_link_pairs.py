@@ -26,7 +26,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import OUT, ROOT, cpu_description, in_round_order, save, table
+from bench.common import (
+    OUT,
+    ROOT,
+    add_report_flags,
+    cpu_description,
+    in_round_order,
+    print_saved_report,
+    save,
+    table,
+)
+
+SAME = ("cpu", "model", "layout", "links")  # what results pooled must share
 
 
 def shares(stdout: str) -> list[float]:
@@ -63,23 +74,6 @@ def measure(rounds: int, links: list[float], model: str, layout_name: str) -> di
             "links": links, "runs": runs}
 
 
-def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several saved results of one model, layout and CPU as one, their rounds numbered on.
-
-    Raises:
-        ValueError: for results of different CPUs, models, layouts or links.
-    """
-    runs: list[dict[str, Any]] = []
-    for result in results:
-        for key in ("cpu", "model", "layout", "links"):
-            if result[key] != results[0][key]:
-                raise ValueError(f"results of different {key}s: {results[0][key]!r} and "
-                                 f"{result[key]!r}")
-        first = 1 + max((run["round"] for run in runs), default=-1)
-        runs += [{**run, "round": first + run["round"]} for run in result["runs"]]
-    return {**results[0], "rounds": sum(r["rounds"] for r in results), "runs": runs}
-
-
 def report(result: dict[str, Any]) -> str:
     """Each round's rates and exchange shares at both links, the slower link's rate over the
     faster's, and that ratio's median and mean over the rounds."""
@@ -112,20 +106,10 @@ def main() -> int:
     parser.add_argument("--links", default="10,25", help="two speeds in Gbit/s")
     parser.add_argument("--model", default="mlp", choices=("mlp", "resnet50"))
     parser.add_argument("--layout", default="2x2 multiworker flat")
-    parser.add_argument("--report", action="store_true", help="only the table of --result")
-    parser.add_argument("--result", type=Path, action="append", default=[],
-                        help="with --report: a saved result (default: the last run's); "
-                             "repeated: their rounds pooled")
+    add_report_flags(parser)
     args = parser.parse_args()
     if args.report:
-        paths = args.result or [OUT / "shaped_link_pairs.json"]
-        for path in paths:
-            if not path.exists():
-                parser.error(f"--report: no result at {path}; run without --report first")
-        try:
-            print(report(pooled([json.loads(path.read_text()) for path in paths])))
-        except ValueError as error:
-            parser.error(f"--report: {error}")
+        print_saved_report(parser, args.result, "shaped_link_pairs", report, SAME)
         return 0
     links = [float(x) for x in args.links.split(",") if x.strip()]
     if len(links) != 2 or links[0] == links[1] or min(links) <= 0:

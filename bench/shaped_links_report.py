@@ -75,7 +75,7 @@ def baseline_of(run: dict[str, Any]) -> float | None:
     if not pair:
         return None
     rate, neighbour = pair
-    return float((rate + neighbour) / 2 if neighbour else rate)
+    return rate_of({"images_per_sec": rate, "neighbour_images_per_sec": neighbour})
 
 
 def _by_round(result: dict[str, Any]) -> dict[int, dict[tuple[float, str, str], float]]:

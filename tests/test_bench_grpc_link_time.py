@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import grpc_link_time
+from bench.common import pool_rounds
 
 
 def test_the_report_sets_what_a_shaped_link_adds_against_the_wires_own_time() -> None:
@@ -43,12 +44,12 @@ def test_what_a_link_adds_is_paired_within_each_round_and_results_pool() -> None
              "runs": [run(0, 0.0, 0.050), run(0, 10.0, 0.050 + wire / 2)]}
     slower = {"cpu": "test", "rounds": 1,  # the whole round 20 ms slower
               "runs": [run(0, 10.0, 0.070 + wire / 2), run(0, 0.0, 0.070)]}
-    both = grpc_link_time.pooled([first, slower])
+    both = pool_rounds([first, slower])
     assert both["rounds"] == 2 and sorted({r["round"] for r in both["runs"]}) == [0, 1]
     text = grpc_link_time.report(both)
     row = next(line for line in text.splitlines() if "10 Gbit/s" in line).split("|")
     assert row[-2].strip() == "0.5"  # added / wire, paired: the slow round's drift is out
     assert row[-4].strip() == f"{wire / 2 * 1e3:.1f} to {wire / 2 * 1e3:.1f}"
     assert f"mlp: {wire / 2 * 1e3:.2f} of {wire * 1e3:.2f} ms, 0.50" in text
-    with pytest.raises(ValueError, match="different CPUs"):
-        grpc_link_time.pooled([first, {**slower, "cpu": "other"}])
+    with pytest.raises(ValueError, match="different cpus"):
+        pool_rounds([first, {**slower, "cpu": "other"}])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import shaped_link_pairs
+from bench.common import pool_rounds
 
 
 def test_the_exchange_share_is_read_from_each_progress_line() -> None:
@@ -26,8 +27,8 @@ def test_each_round_sets_the_slower_link_against_the_faster_and_results_pool() -
         return {"cpu": "test", "rounds": len(rates), "model": "mlp",
                 "layout": "2x2 multiworker flat", "links": [10.0, 25.0], "runs": runs, **extra}
 
-    both = shaped_link_pairs.pooled([result([(900.0, 1000.0)]),
-                                     result([(1000.0, 1000.0), (3300.0, 3000.0)])])
+    both = pool_rounds([result([(900.0, 1000.0)]),
+                        result([(1000.0, 1000.0), (3300.0, 3000.0)])], shaped_link_pairs.SAME)
     assert both["rounds"] == 3
     text = shaped_link_pairs.report(both)
     rows = [line.split("|") for line in text.splitlines() if line.startswith("| ")][1:]
@@ -35,4 +36,5 @@ def test_each_round_sets_the_slower_link_against_the_faster_and_results_pool() -
     assert [(row[5].strip(), row[6].strip()) for row in rows] == [("0.8", "0.65")] * 3
     assert "median 1.000, mean 1.000 over 3 round(s)" in text
     with pytest.raises(ValueError, match="different models"):
-        shaped_link_pairs.pooled([result([(1.0, 1.0)]), result([(1.0, 1.0)], model="resnet50")])
+        pool_rounds([result([(1.0, 1.0)]), result([(1.0, 1.0)], model="resnet50")],
+                    shaped_link_pairs.SAME)
