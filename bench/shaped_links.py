@@ -31,10 +31,14 @@ other node idle) keep their figures.
 
 With ``--adjacent_baselines`` (sets from 2026-11-29 on) each two-node run gets its own one-node
 baseline, run just before it, and its forecast is calibrated on that: this VM's speed moved by a
-quarter within half an hour with nothing changed (bench.shaped_link_pairs).
+quarter within half an hour with nothing changed (bench.shaped_link_pairs). With
+``--adjacent_figures`` each also gets the figures its forecast takes timed just before it (its
+link, in-node exchange, casts, host time per byte), not at the round's start.
 
-    python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines]  (as root)
+    python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines
+                                  --adjacent_figures]                    (as root)
     python -m bench.shaped_links --report [--result FILE]         (tables from the last run)
+    [--round_figures]  (each run from its round's figures, not those timed beside it)
 """
 
 from __future__ import annotations
@@ -179,17 +183,17 @@ def in_node_figures(*flags: str) -> dict[str, Any]:
     return result
 
 
-def grpc_ring_figures() -> dict[str, float]:
+def grpc_ring_figures(models: tuple[str, ...] = tuple(MODELS)) -> dict[str, float]:
     """Per model: gRPC's host nanoseconds per stack byte in the 2x2 flat ring's own topology
     at the model's gradient size (:func:`tfscale.cli.host_time.flat_ring`: four workers on
     the host, each node's two on one core, no link between them)."""
     from bench.common import gradient_bytes
     from tfscale.cli.host_time import flat_ring
 
-    return {model: flat_ring(gradient_bytes(model)) for model in MODELS}
+    return {model: flat_ring(gradient_bytes(model)) for model in models}
 
 
-def cast_figures() -> dict[str, float]:
+def cast_figures(models: tuple[str, ...] = tuple(MODELS)) -> dict[str, float]:
     """Per model: nanoseconds per float32 byte of casting its gradients to float16 and back
     (``--fp16_allreduce``'s work around the all-reduce) on a node's one core
     (:func:`tfscale.forecast.calibrate.cast_time`)."""
@@ -197,7 +201,7 @@ def cast_figures() -> dict[str, float]:
 
     preset = load("minicluster_25gbit")
     figures = {}
-    for model in MODELS:
+    for model in models:
         nbytes = int(preset.model(model).gradient_bytes)
         proc = _cluster(sys.executable, "-c", "import sys; from tfscale.forecast.calibrate "
                         "import cast_time; print(cast_time(int(sys.argv[1])))", str(nbytes),
@@ -206,6 +210,33 @@ def cast_figures() -> dict[str, float]:
             raise RuntimeError(f"cast timing failed:\n{proc.stderr[-2000:]}")
         figures[model] = float(proc.stdout.split()[-1])
     return figures
+
+
+def run_figures(model: str, layout: Layout) -> dict[str, Any]:
+    """The figures one two-node run's forecast takes, timed now (``--adjacent_figures``, just
+    before the run): ``link``, its link's (as a round's link row), and ``node``, the part of
+    a round's one-node row that its exchange uses: the in-node exchange it runs (shared memory
+    when hierarchical, Horovod's flat ring hop), fp16's casts, and the host figure of raw TCP
+    and of its strategy's transport (gRPC's in the flat ring's topology). A round's figures
+    are timed at its start; this VM's exchange took 1.5x as long per byte in one half of a
+    round as in the other (shaped_links_2026-11-29_epyc_adjacent)."""
+    from tfscale.strategies import STRATEGIES
+
+    strategy = STRATEGIES.get(layout.strategy)
+    node: dict[str, Any] = {}
+    if layout.local > 1 and layout.algorithm == "hierarchical":
+        node["in_node"] = in_node_figures()
+    elif layout.local > 1 and strategy.ring_hop_transport == "shared_memory":
+        node["in_node_ring"] = in_node_figures("--horovod")
+    if layout.fp16:
+        node["cast_ns_per_byte"] = cast_figures((model,))
+    transport = strategy.host_transports[layout.algorithm]
+    if transport == "grpc":
+        node["grpc_ring_ns_per_stack_byte"] = grpc_ring_figures((model,))
+    # Raw TCP's is the machine's host figure whatever the strategy; gRPC's is timed above.
+    node["idle_ns_per_byte"] = idle_figures(
+        16 * 2**20, ("tcp",) if transport in ("tcp", "grpc") else ("tcp", transport))
+    return {"link": link_figures(), "node": node}
 
 
 def steady_rate(stdout: str) -> float | None:
@@ -267,14 +298,16 @@ def train(model: str, layout: Layout) -> dict[str, Any]:
 
 
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
-            layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False) -> dict[str, Any]:
+            layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
+            figures: bool = False) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
     ``earlier`` (a saved result), its rounds are kept and these continue their count.
     ``layouts``: the two-node runs (the one-node runs always run, for their baselines).
     ``adjacent``: each two-node run also gets its own baseline, the one-node run with its
     ranks per node run just before it (``baseline_images_per_sec``): this VM's speed drifted
     by a quarter within half an hour (bench.shaped_link_pairs, 2026-11-29), more than a
-    round's one baseline, minutes away, can stand for."""
+    round's one baseline, minutes away, can stand for. ``figures``: each two-node run also
+    gets the figures its forecast takes timed just before it (:func:`run_figures`)."""
     OUT.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
     link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
@@ -309,16 +342,18 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                 sorted(cases, key=lambda c: (c[0], c[1])), round_):
             shape(gbit)
             start = time.monotonic()
-            baseline = {}
+            adjacent_to: dict[str, Any] = {}
             if adjacent and layout.uses_link:
                 one_node = next(one for one in ONE_NODE if one.local == layout.local)
                 before = train(model, one_node)
-                baseline = {"baseline_images_per_sec": (
+                adjacent_to["baseline_images_per_sec"] = (
                     before["steady_images_per_sec"] or before["images_per_sec"],
-                    before.get("neighbour_images_per_sec"))}
+                    before.get("neighbour_images_per_sec"))
+            if figures and layout.uses_link:
+                adjacent_to["figures"] = run_figures(model, layout)
             result = train(model, layout)
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
-                         **baseline,
+                         **adjacent_to,
                          "images_per_sec": result["images_per_sec"],
                          "steady_images_per_sec": result["steady_images_per_sec"],
                          "neighbour_images_per_sec": result.get("neighbour_images_per_sec"),
@@ -364,17 +399,25 @@ def main() -> int:
     parser.add_argument("--adjacent_baselines", action="store_true",
                         help="run each two-node run's one-node baseline just before it (the "
                              "forecast of that run is calibrated on it, not on the round's)")
+    parser.add_argument("--adjacent_figures", action="store_true",
+                        help="time the figures each two-node run's forecast takes (its link, "
+                             "in-node exchange, casts, host time per byte) just before it, and "
+                             "forecast that run from them, not from the round's")
+    parser.add_argument("--round_figures", action="store_true",
+                        help="with --report: forecast every run from its round's figures even "
+                             "where the set timed its own beside it (--adjacent_figures): the "
+                             "two side by side")
     parser.add_argument("--host_ns", action="append", default=[], metavar="STRATEGY=NS",
                         help="with --report: charge STRATEGY's runs NS nanoseconds of host "
                              "time per byte instead of the preset's (a what-if, e.g. "
                              "multiworker=6.9 from bench.transport_host_time's gRPC); repeatable")
     args = parser.parse_args()
-    if args.adjacent_baselines and args.report:
-        parser.error("--adjacent_baselines goes with a measurement, not --report (a result "
-                     "that has them is reported with them)")
-    if (args.result or args.host_ns) and not args.report:
-        parser.error("--result and --host_ns go with --report (a measurement saves into "
-                     "bench/results/ and forecasts with the presets)")
+    if (args.adjacent_baselines or args.adjacent_figures) and args.report:
+        parser.error("--adjacent_baselines and --adjacent_figures go with a measurement, not "
+                     "--report (a result that has them is reported with them)")
+    if (args.result or args.host_ns or args.round_figures) and not args.report:
+        parser.error("--result, --host_ns and --round_figures go with --report (a measurement "
+                     "saves into bench/results/ and forecasts with the presets)")
     host_ns = host_ns_flags(parser, args.host_ns)
     by_name = {layout.name: layout for layout in ACROSS}
     wanted = [name.strip() for name in args.layouts.split(",") if name.strip()]
@@ -388,12 +431,16 @@ def main() -> int:
         with two_nodes():
             save("shaped_links", measure([float(x) for x in args.links.split(",")],
                                          args.rounds, earlier, layouts,
-                                         args.adjacent_baselines))
+                                         args.adjacent_baselines, args.adjacent_figures))
     from bench.shaped_links_report import report
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the
     # command there without a BrokenPipeError traceback.
-    print(report(json.loads((args.result or OUT / "shaped_links.json").read_text()), host_ns))
+    result = json.loads((args.result or OUT / "shaped_links.json").read_text())
+    if args.round_figures:
+        for run in result["runs"]:
+            run.pop("figures", None)
+    print(report(result, host_ns))
     return 0
 
 

@@ -18,7 +18,8 @@ Kept apart from the measurement so that the tables can be remade from the saved 
   across the link at the message size nearest to the run's (its fused gradients, or a node's
   1/L share of them when hierarchical) and the ping-pong latency, the shared-memory exchange
   inside a node, and the 1xL run's images/s (the 1-node figure, as for Summit). No 2-node run
-  enters it.
+  enters it. Where the set has them, a run's own one-node baseline (``--adjacent_baselines``)
+  and its own figures (``--adjacent_figures``), timed just before it, replace the round's.
 """
 
 from __future__ import annotations
@@ -76,6 +77,26 @@ def baseline_of(run: dict[str, Any]) -> float | None:
         return None
     rate, neighbour = pair
     return rate_of({"images_per_sec": rate, "neighbour_images_per_sec": neighbour})
+
+
+def links_of(run: dict[str, Any], links: dict[float, dict[str, Any]],
+             ) -> dict[float, dict[str, Any]]:
+    """One round's links as the run's forecast takes them: with the figures timed just before
+    the run where the set has them (``--adjacent_figures``) in place of the round's, each
+    by-model or by-transport figure one by one, else the round's own."""
+    figures = run.get("figures")
+    if not figures:
+        return links
+    gbit = run["gbit"]
+    node = dict(links.get(0.0, {}))
+    for key, value in figures["node"].items():
+        node[key] = ({**node.get(key, {}), **value} if key in BY_NAME else value)
+    return {**links, gbit: {**links.get(gbit, {}), **figures["link"]}, 0.0: node}
+
+
+# A round's one-node figures given per model or per transport: a run's own timing replaces
+# only its model's or transports' entries.
+BY_NAME = ("cast_ns_per_byte", "idle_ns_per_byte", "grpc_ring_ns_per_stack_byte")
 
 
 def _by_round(result: dict[str, Any]) -> dict[int, dict[tuple[float, str, str], float]]:
@@ -191,6 +212,8 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
     runs, links = _by_round(result), _links_by_round(result)
     own_baseline = {(run["round"], run["gbit"], run["model"], run["layout"]): baseline_of(run)
                     for run in result["runs"]}
+    by_key = {(run["round"], run["gbit"], run["model"], run["layout"]): run
+              for run in result["runs"]}
     link_rows = []
     for gbit in sorted({row["gbit"] for row in result["links"] if row["gbit"]}):
         found = [links[r][gbit] for r in links if gbit in links[r]]
@@ -248,8 +271,9 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
                 exchange_s = layout.nodes * layout.local * batch / rate - layout.local * batch / one
                 per_byte.append(exchange_s / stack * 1e9)
                 if gbit in links[r] and 0.0 in links[r]:
-                    forecasts.append(forecast_rate(gbit, model, layout, node, links[r], batch,
-                                                   host_ns))
+                    forecasts.append(forecast_rate(
+                        gbit, model, layout, node,
+                        links_of(by_key[r, gbit, model, name], links[r]), batch, host_ns))
         row: dict[str, Any] = {
             "model": model, "link": f"{gbit:g} Gbit/s" if gbit else "none (one node)",
             "run": name, "images/s": _mean(measured),

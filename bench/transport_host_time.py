@@ -26,13 +26,13 @@ TRANSPORTS = ("tcp", "ring", "grpc")
 _SECONDS = 3.0  # of all-reduces per measurement
 
 
-def idle_figures(nbytes: int) -> dict[str, float]:
-    """Each transport's idle figure at ``nbytes`` (what ``bench.shaped_links`` takes in every
-    round: the exchange there runs after the backward pass)."""
+def idle_figures(nbytes: int, transports: tuple[str, ...] = TRANSPORTS) -> dict[str, float]:
+    """Each of ``transports``' idle figure at ``nbytes`` (what ``bench.shaped_links`` takes in
+    every round: the exchange there runs after the backward pass)."""
     from tfscale.forecast.calibrate import host_time
 
     return {transport: host_time(nbytes, _SECONDS)[0] if transport == "tcp"
-            else transport_ns_per_byte(transport, nbytes, _SECONDS) for transport in TRANSPORTS}
+            else transport_ns_per_byte(transport, nbytes, _SECONDS) for transport in transports}
 
 
 def measure(rounds: int, mib: list[float]) -> dict[str, Any]:

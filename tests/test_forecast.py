@@ -711,18 +711,21 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
         host_time_command.measure("tcp", 1 << 20)
 
 
-@pytest.mark.parametrize("kept, host_ns, count, worst", [
+@pytest.mark.parametrize("kept, args, count, worst", [
     ("shaped_links_2026-11-27.json", (), "28 of 48",
      "+47.9% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
     ("shaped_links_2026-11-27_ring.json", (), "6 of 12",
      "+15.9% (mlp, 25 Gbit/s, 2x2 multiworker hierarchical)"),
     # Measured on another machine, whose own idle host time per byte the document gives.
-    ("shaped_links_2026-11-28_epyc.json", ("horovod=0.93", "ddl=0.93"), "8 of 12",
+    ("shaped_links_2026-11-28_epyc.json",
+     ("--host_ns", "horovod=0.93", "--host_ns", "ddl=0.93"), "8 of 12",
      "+16.9% (mlp, 25 Gbit/s, 2x2 flat)"),
-    ("shaped_links_2026-11-28_epyc_steady.json", ("horovod=0.86", "ddl=0.86"), "10 of 12",
+    ("shaped_links_2026-11-28_epyc_steady.json",
+     ("--host_ns", "horovod=0.86", "--host_ns", "ddl=0.86"), "10 of 12",
      "+20.7% (mlp, 25 Gbit/s, 2x2 flat)"),
     # With a flat ring's in-node hop measured in each round.
-    ("shaped_links_2026-11-28_epyc_rings.json", ("horovod=0.95", "ddl=0.95"), "11 of 12",
+    ("shaped_links_2026-11-28_epyc_rings.json",
+     ("--host_ns", "horovod=0.95", "--host_ns", "ddl=0.95"), "11 of 12",
      "-12.5% (resnet50, 25 Gbit/s, 2x2 flat)"),
     # With fp16's casts and each transport's host figure measured in each round.
     ("shaped_links_2026-11-28_epyc_fp16_multiworker.json", (), "13 of 16",
@@ -736,16 +739,20 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # Every layout, one round, each two-node run with its own adjacent one-node baseline.
     ("shaped_links_2026-11-29_epyc_adjacent.json", (), "21 of 32",
      "+27.0% (mlp, 10 Gbit/s, 2x2 flat)"),
+    # ... and each run's own figures timed beside it; then the same set from its round's.
+    ("shaped_links_2026-11-29_epyc_adjacent_figures.json", (), "28 of 32",
+     "+16.9% (mlp, 10 Gbit/s, 2x2 hierarchical fp16)"),
+    ("shaped_links_2026-11-29_epyc_adjacent_figures.json", ("--round_figures",), "31 of 32",
+     "+16.4% (mlp, 10 Gbit/s, 2x2 hierarchical fp16)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
-        kept: str, host_ns: tuple[str, ...], count: str, worst: str) -> None:
+        kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
     """docs/FORECAST.md quotes the forecast of the kept shaped-link runs; remaking the report
     from each raw result through today's model and presets must give the same count, so a
     change to either shows up here with the document still to update."""
     result = subprocess.run(
         [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
-         str(ROOT / "docs" / "forecast" / kept),
-         *(arg for value in host_ns for arg in ("--host_ns", value))],
+         str(ROOT / "docs" / "forecast" / kept), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
     summary = result.stdout.strip().splitlines()[-1]
     assert summary.startswith(f"Forecast within 10% of the measured images/s: {count} runs")
@@ -861,6 +868,102 @@ def test_a_run_with_its_own_adjacent_baseline_is_forecast_from_it() -> None:
     assert baseline_of({"baseline_images_per_sec": [100.0, 300.0]}) == 200.0
     assert baseline_of({"baseline_images_per_sec": [100.0, None]}) == 100.0
     assert baseline_of({}) is None
+
+
+def test_a_run_with_its_own_adjacent_figures_is_forecast_from_them() -> None:
+    """``--adjacent_figures`` times the figures a two-node run's forecast takes just before it;
+    the report forecasts that run from them in place of the round's (a by-model or
+    by-transport figure one entry at a time). The round's own figures move nothing; a slower
+    link or host moves only that run's forecast, down."""
+    from bench.shaped_links_report import links_of, rows
+
+    kept = json.loads((ROOT / "docs" / "forecast" /
+                       "shaped_links_2026-11-29_epyc_adjacent.json").read_text())
+    rounds = {(row["round"], row["gbit"]): row for row in kept["links"]}
+    target = (10.0, "mlp", "2x2 flat fp16")
+
+    def forecast(result: dict[str, Any], key: tuple[float, str, str]) -> float:
+        gbit, model, run = key
+        found: float = next(r for r in rows(result)[1] if (r["model"], r["link"], r["run"])
+                            == (model, f"{gbit:g} Gbit/s", run))["forecast images/s"]
+        return found
+
+    def with_figures(link_scale: float, tcp_ns: float | None) -> dict[str, Any]:
+        result = copy.deepcopy(kept)
+        run = next(r for r in result["runs"] if (r["gbit"], r["model"], r["layout"]) == target)
+        node = rounds[run["round"], 0.0]
+        link = copy.deepcopy(rounds[run["round"], 10.0])
+        for size in link["sizes"]:
+            size["busbw_GBps"] *= link_scale
+        idle = {"tcp": tcp_ns if tcp_ns is not None else node["idle_ns_per_byte"]["tcp"]}
+        run["figures"] = {
+            "link": {key: link[key] for key in ("sizes", "pingpong")},
+            "node": {"in_node_ring": node["in_node_ring"], "idle_ns_per_byte": idle,
+                     "cast_ns_per_byte": {"mlp": node["cast_ns_per_byte"]["mlp"]}}}
+        return result
+
+    before = forecast(kept, target)
+    assert forecast(with_figures(1.0, None), target) == pytest.approx(before)
+    slower_link, slower_host = with_figures(0.5, None), with_figures(1.0, 3.0)
+    for slower in (slower_link, slower_host):
+        assert forecast(slower, target) < 0.97 * before
+        for other in ((25.0, "mlp", "2x2 flat fp16"), (10.0, "mlp", "2x2 flat"),
+                      (10.0, "resnet50", "2x2 flat fp16")):
+            assert forecast(slower, other) == pytest.approx(forecast(kept, other))
+    # One model's or transport's own timing leaves the round's others in place.
+    run = {"gbit": 10.0, "figures": {"link": {"sizes": []}, "node": {
+        "cast_ns_per_byte": {"mlp": 0.2}, "idle_ns_per_byte": {"tcp": 1.1}}}}
+    round_links = {10.0: {"sizes": [1], "pingpong": {"latency_us": 50.0}}, 0.0: {
+        "cast_ns_per_byte": {"mlp": 0.1, "resnet50": 0.3},
+        "idle_ns_per_byte": {"tcp": 0.9, "ring": 1.5}, "in_node": {"sizes": [2]}}}
+    merged = links_of(run, round_links)
+    assert merged[0.0] == {"cast_ns_per_byte": {"mlp": 0.2, "resnet50": 0.3},
+                           "idle_ns_per_byte": {"tcp": 1.1, "ring": 1.5},
+                           "in_node": {"sizes": [2]}}
+    assert merged[10.0] == {"sizes": [], "pingpong": {"latency_us": 50.0}}
+    assert round_links[0.0]["cast_ns_per_byte"] == {"mlp": 0.1, "resnet50": 0.3}
+    assert links_of({"gbit": 10.0}, round_links) is round_links
+
+
+def test_adjacent_figures_time_what_the_runs_forecast_takes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_figures`` times, for one two-node run, the figures its forecast takes and no
+    others: the in-node exchange it runs, casts only with fp16, raw TCP's host figure and its
+    strategy's own transport (gRPC in the flat ring's topology, not two workers on a core)."""
+    from bench import shaped_links
+
+    timed: list[str] = []
+
+    def timing(name: str, value: Any) -> Any:
+        def fake(*args: Any) -> Any:
+            timed.append(f"{name}{args}")
+            return value(*args) if callable(value) else value
+        return fake
+
+    monkeypatch.setattr(shaped_links, "link_figures", timing("link", {"sizes": []}))
+    monkeypatch.setattr(shaped_links, "in_node_figures", timing("in_node", {"sizes": []}))
+    monkeypatch.setattr(shaped_links, "cast_figures",
+                        timing("cast", lambda m: dict.fromkeys(m, 0.1)))
+    monkeypatch.setattr(shaped_links, "grpc_ring_figures",
+                        timing("grpc", lambda m: dict.fromkeys(m, 2.0)))
+    monkeypatch.setattr(shaped_links, "idle_figures",
+                        timing("idle", lambda n, t: dict.fromkeys(t, 1.0)))
+    layouts = {layout.name: layout for layout in shaped_links.ACROSS}
+    expected = {
+        "2x1": ["idle(16777216, ('tcp',))", "link()"],
+        "2x2 flat fp16": ["in_node('--horovod',)", "cast(('mlp',),)",
+                          "idle(16777216, ('tcp',))", "link()"],
+        "2x2 ddl": ["in_node()", "idle(16777216, ('tcp',))", "link()"],
+        "2x2 multiworker flat": ["grpc(('mlp',),)", "idle(16777216, ('tcp',))", "link()"],
+        "2x2 multiworker hierarchical": ["in_node()", "idle(16777216, ('tcp', 'ring'))",
+                                         "link()"],
+    }
+    for name, calls in expected.items():
+        timed.clear()
+        figures = shaped_links.run_figures("mlp", layouts[name])
+        assert timed == calls, name
+        assert set(figures) == {"link", "node"}
+    assert figures["node"]["idle_ns_per_byte"] == {"tcp": 1.0, "ring": 1.0}
 
 
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
