@@ -79,6 +79,11 @@ def baseline_of(run: dict[str, Any]) -> float | None:
     return rate_of({"images_per_sec": rate, "neighbour_images_per_sec": neighbour})
 
 
+# A round's one-node figures given per model or per transport: a run's own timing replaces
+# only its model's or transports' entries.
+BY_NAME = ("cast_ns_per_byte", "idle_ns_per_byte", "grpc_ring_ns_per_stack_byte")
+
+
 def links_of(run: dict[str, Any], links: dict[float, dict[str, Any]],
              ) -> dict[float, dict[str, Any]]:
     """One round's links as the run's forecast takes them: with the figures timed just before
@@ -92,11 +97,6 @@ def links_of(run: dict[str, Any], links: dict[float, dict[str, Any]],
     for key, value in figures["node"].items():
         node[key] = ({**node.get(key, {}), **value} if key in BY_NAME else value)
     return {**links, gbit: {**links.get(gbit, {}), **figures["link"]}, 0.0: node}
-
-
-# A round's one-node figures given per model or per transport: a run's own timing replaces
-# only its model's or transports' entries.
-BY_NAME = ("cast_ns_per_byte", "idle_ns_per_byte", "grpc_ring_ns_per_stack_byte")
 
 
 def _by_round(result: dict[str, Any]) -> dict[int, dict[tuple[float, str, str], float]]:
@@ -210,8 +210,6 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
 
     layouts = _layouts()
     runs, links = _by_round(result), _links_by_round(result)
-    own_baseline = {(run["round"], run["gbit"], run["model"], run["layout"]): baseline_of(run)
-                    for run in result["runs"]}
     by_key = {(run["round"], run["gbit"], run["model"], run["layout"]): run
               for run in result["runs"]}
     link_rows = []
@@ -254,7 +252,7 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
         for r in sorted(runs):
             rate = runs[r].get((gbit, model, name))
             one = runs[r].get((0.0, model, "1x1"))
-            node = (own_baseline.get((r, gbit, model, name))
+            node = (baseline_of(by_key.get((r, gbit, model, name), {}))
                     or runs[r].get((0.0, model, f"1x{layout.local}")))
             if rate is None or one is None or node is None:
                 continue
