@@ -33,7 +33,9 @@ With ``--adjacent_baselines`` (sets from 2026-11-29 on) each two-node run gets i
 baseline, run just before it, and its forecast is calibrated on that: this VM's speed moved by a
 quarter within half an hour with nothing changed (bench.shaped_link_pairs). With
 ``--adjacent_figures`` each also gets the figures its forecast takes timed just before it (its
-link, in-node exchange, casts, host time per byte), not at the round's start.
+link, in-node exchange, casts, host time per byte), not at the round's start; on this VM one
+such 3-second timing swung more than the drift it was to follow (docs/FORECAST.md, 2026-11-29
+morning), so the round's figures remain the better input (``--report --round_figures``).
 
     python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines
                                   --adjacent_figures]                    (as root)
@@ -109,6 +111,7 @@ ACROSS = (
            flags=("--node_exchange=shared_memory",), algorithm="hierarchical"),
 )
 STRATEGIES = tuple(sorted({layout.strategy for layout in ACROSS}))
+IDLE_BYTES = 16 * 2**20  # the message of each transport's idle host figure, round or run
 
 
 @contextlib.contextmanager
@@ -235,7 +238,7 @@ def run_figures(model: str, layout: Layout) -> dict[str, Any]:
         node["grpc_ring_ns_per_stack_byte"] = grpc_ring_figures((model,))
     # Raw TCP's is the machine's host figure whatever the strategy; gRPC's is timed above.
     node["idle_ns_per_byte"] = idle_figures(
-        16 * 2**20, ("tcp",) if transport in ("tcp", "grpc") else ("tcp", transport))
+        IDLE_BYTES, ("tcp",) if transport in ("tcp", "grpc") else ("tcp", transport))
     return {"link": link_figures(), "node": node}
 
 
@@ -329,7 +332,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                           "in_node": in_node_figures(),
                           "in_node_ring": in_node_figures("--horovod"),
                           "cast_ns_per_byte": cast_figures(),
-                          "idle_ns_per_byte": idle_figures(16 * 2**20),
+                          "idle_ns_per_byte": idle_figures(IDLE_BYTES),
                           "grpc_ring_ns_per_stack_byte": grpc_ring})
         node_row = link_rows[-1]
         for gbit in in_round_order(links, round_):
