@@ -747,6 +747,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # Its one miss again, beside its fp32 twin, each run with its own adjacent baseline.
     ("shaped_links_2026-11-29_epyc_hierarchical_repeat.json", (), "4 of 4",
      "-3.6% (mlp, 10 Gbit/s, 2x2 hierarchical)"),
+    # The same method (each run its own adjacent baseline, the round's figures) on the Xeon.
+    ("shaped_links_2026-11-29_xeon_adjacent.json", (), "18 of 32",
+     "+38.9% (mlp, 25 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
