@@ -33,9 +33,11 @@ With ``--adjacent_baselines`` (sets from 2026-11-29 on) each two-node run gets i
 baseline, run just before it, and its forecast is calibrated on that: this VM's speed moved by a
 quarter within half an hour with nothing changed (bench.shaped_link_pairs). With
 ``--adjacent_figures`` each also gets the figures its forecast takes timed just before it (its
-link, in-node exchange, casts, host time per byte), not at the round's start; on this VM one
+link, in-node exchange, casts, host time per byte), not at the round's start; on the EPYC one
 such 3-second timing swung more than the drift it was to follow (docs/FORECAST.md, 2026-11-29
-morning), so the round's figures remain the better input (``--report --round_figures``).
+morning), so the round's figures remain the better input (``--report --round_figures``). On
+the Xeon the VM slowed by up to a third within one round, more than the round's figures could
+follow (the same document, 2026-11-29, later).
 
     python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines
                                   --adjacent_figures]                    (as root)
