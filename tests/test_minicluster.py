@@ -118,10 +118,11 @@ def test_generated_job_script_runs_across_two_nodes(launcher: str, strategy: str
     script, model_dir = _job_script(tmp_path, launcher, strategy, "--steps=2")
     if launcher == "slurm":
         # Slurm's own log goes to tmp_path (an sbatch option overrides the script's --output).
-        job = _on_cluster("sbatch", "--wait", f"--output={tmp_path}/slurm-%j.out", str(script))
+        shown = _finished(_submit(script, f"{tmp_path}/slurm-%j.out"), tmp_path)
+        assert "JobState=COMPLETED" in shown and "ExitCode=0:0" in shown, shown + _logs(tmp_path)
     else:
         job = _on_cluster("--on", "node1", "bash", str(script))
-    assert job.returncode == 0, job.stdout + job.stderr + _logs(tmp_path)
+        assert job.returncode == 0, job.stdout + job.stderr + _logs(tmp_path)
     _check_results(model_dir, exchange)
     assert exchange in next((tmp_path / "logs").rglob("rank-0.log")).read_text()
 
@@ -138,6 +139,24 @@ def _job_script(tmp_path: Path, launcher: str, strategy: str, *train: str) -> tu
                         "--tensorboard=false", f"--model_dir={model_dir}"], timeout=60)
     assert made.returncode == 0, made.stderr
     return script, model_dir
+
+
+def _submit(script: Path, output: str) -> str:
+    """Submits ``script`` with sbatch; returns the job id."""
+    submitted = _on_cluster("sbatch", "--parsable", f"--output={output}", str(script))
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
+
+
+def _finished(job_id: str, logs: Path, timeout: float = 300) -> str:
+    """``scontrol show job`` once job ``job_id`` has left the queue (the cluster keeps its
+    record for MinJobAge, 300 s). Polled each second: ``sbatch --wait`` polls after 2, 10, 42
+    s and then every 32 s, so a job of 20 s returned after 42."""
+    deadline = time.monotonic() + timeout
+    while _on_cluster("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip():
+        assert time.monotonic() < deadline, _logs(logs)
+        time.sleep(1)
+    return _on_cluster("scontrol", "show", "job", job_id).stdout
 
 
 def _logs(tmp_path: Path) -> str:
@@ -165,16 +184,12 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_same_weights
     stops them at the first step."""
     train = ("--steps=40", "--log_every=1", "--deterministic")
     whole_script, whole = _job_script(tmp_path / "whole", "slurm", "horovod", *train)
-    job = _on_cluster("sbatch", "--wait", f"--output={tmp_path}/whole-%j.out",
-                      str(whole_script))
-    assert job.returncode == 0, job.stdout + job.stderr + _logs(tmp_path / "whole")
+    shown = _finished(_submit(whole_script, f"{tmp_path}/whole-%j.out"), tmp_path / "whole")
+    assert "JobState=COMPLETED" in shown, shown + _logs(tmp_path / "whole")
     script, model_dir = _job_script(tmp_path / "cut", "slurm", "horovod", *train)
     text = script.read_text()
     assert "#SBATCH --signal=USR1@150" in text and "#SBATCH --requeue" in text
-    submitted = _on_cluster("sbatch", "--parsable", f"--output={tmp_path}/cut-%j.out",
-                            str(script))
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip().split(";")[0]
+    job_id = _submit(script, f"{tmp_path}/cut-%j.out")
     first = tmp_path / "cut" / "logs" / f"t-horovod-{job_id}"
     ranks: list[int] = []
 
@@ -194,11 +209,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_same_weights
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-    deadline = time.monotonic() + 300
-    while _on_cluster("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip():
-        assert time.monotonic() < deadline, _logs(tmp_path / "cut")
-        time.sleep(2)
-    shown = _on_cluster("scontrol", "show", "job", job_id).stdout
+    shown = _finished(job_id, tmp_path / "cut")
     assert "JobState=COMPLETED" in shown and "Restarts=1" in shown, shown
     assert sorted(_read(first / "preempted").split("\n")[:4]) == [
         "rank 0", "rank 1", "rank 2", "rank 3"]
@@ -304,10 +315,7 @@ def test_a_cut_link_stops_every_rank_on_every_node_with_the_checkpoint_intact(
     script, model_dir = _job_script(tmp_path, "slurm", strategy, "--steps=2000",
                                     "--log_every=1", "--checkpoint_every=5",
                                     f"--collective_timeout_s={timeout_s}")
-    submitted = _on_cluster("sbatch", "--parsable", f"--output={tmp_path}/job-%j.out",
-                            str(script))
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip().split(";")[0]
+    job_id = _submit(script, f"{tmp_path}/job-%j.out")
     log = tmp_path / "logs" / f"t-{strategy}-{job_id}" / "rank-0.log"
     deadline = time.monotonic() + 180
     while "step 12/" not in _read(log):

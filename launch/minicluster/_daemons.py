@@ -108,6 +108,10 @@ def _write_slurm_conf(head: Host, nodes: Sequence[Host], cpus_per_node: int) -> 
         "KillWait=10", "Waittime=0",
         # A requeued job may run again (Slurm's --requeue and scontrol requeue).
         "JobRequeue=1",
+        # Slurm schedules on a submission, and otherwise every 60 s (backfill every 30 s): a
+        # requeued job whose begin time passes, or one submitted while a node still completes,
+        # would wait for that pass. Two nodes and a handful of jobs: look every second.
+        "SchedulerParameters=sched_interval=1,bf_interval=1",
     ]
     lines += [f"NodeName={n.name} NodeAddr={n.address} NodeHostname={n.name} "
               f"CPUs={cpus_per_node} State=UNKNOWN" for n in nodes]
