@@ -98,6 +98,8 @@ def main(argv: list[str]) -> int:
             raise
         print(f"error: {peer}", file=sys.stderr, flush=True)
         return EXIT_PEER_LOST
+    finally:
+        command.skip_the_last_collection()
     return 0
 
 
