@@ -55,4 +55,11 @@ def build(cfg: DataSettings, shard: Shard, split: str, batch_size: int) -> Batch
         seed=cfg.seed * 1000 + shard.index + (500 if split == "validation" else 0),
         most=SYNTHETIC_BATCHES.of(cfg),
     )
-    return Batches(tf.data.Dataset.from_tensor_slices(batches).repeat(), examples=None)
+    dataset = tf.data.Dataset.from_tensor_slices(batches).repeat()
+    # Nothing here to tune, and TensorFlow 2.21's tuner costs time: an iterator with autotuning
+    # on is freed only at the tuner's next wake-up, which comes at doubling intervals (up to
+    # 60 s). Keras' fit() then returned up to 10 s after its last step of a 10-s run (2 runs of
+    # 3, plain Keras as well; none with autotuning off).
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return Batches(dataset.with_options(options), examples=None)
