@@ -337,11 +337,7 @@ def test_a_cut_link_stops_every_rank_on_every_node_with_the_checkpoint_intact(
     # its peer health check aborts: both exit with EXIT_PEER_LOST.
     assert len(logs) == 4 and all("a peer or its link is lost" in text
                                   or "error: lost contact with" in text for text in logs), logs
-    deadline = time.monotonic() + 60
-    while "ExitCode=" not in (shown := _on_cluster("scontrol", "show", "job", job_id).stdout) \
-            or "JobState=RUNNING" in shown:
-        assert time.monotonic() < deadline, shown
-        time.sleep(1)
+    shown = _finished(job_id, tmp_path, timeout=60)
     assert "ExitCode=4:0" in shown, shown
     newest = sorted((model_dir / "checkpoints").glob("ckpt-*.npz"))[-1]
     with np.load(newest) as checkpoint:
