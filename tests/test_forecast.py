@@ -676,8 +676,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tfscale.forecast", "--calibrate", "--model=mlp",
          "--batch_size=16", "--precision=fp32", "--calibrate_steps=4",
-         "--machine=minicluster_10gbit", f"--out={out}", "--", "--image_size=8",
-         "--num_classes=10"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+         "--calibrate_seconds=0.5", "--machine=minicluster_10gbit", f"--out={out}", "--",
+         "--image_size=8", "--num_classes=10"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     machine = machines.load(str(out))
     figures, rate = machine.figures("mlp", "fp32")
@@ -688,6 +689,7 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     assert machine.inter == machines.load("minicluster_10gbit").inter
     assert machine.cast_s_per_byte > 0 and "float16 and back" in machine.raw["exchange"][
         "host_source"]
+    assert "each exchange timed for 0.5 s" in machine.raw["exchange"]["host_source"]
     assert forecast(Plan(machine, "mlp", "fp32", 16), [2])[0].images_per_sec > 0
     assert machine.host_s_per_byte > 0 and "loopback TCP" in machine.raw["exchange"]["host_source"]
     assert 0 < machine.idle_host_s_per_byte == machine.host_rate()

@@ -73,6 +73,10 @@ _MEASURED = flags.DEFINE_list("measured", [], "NODES:IMAGES_PER_SEC of measured 
 _CALIBRATE = flags.DEFINE_boolean("calibrate", False, "Measure this node with tfscale.train and "
                                   "write the model's figures into --out (a copy of --machine).")
 _STEPS = flags.DEFINE_integer("calibrate_steps", 20, "Training steps per calibration run.")
+_SECONDS = flags.DEFINE_float("calibrate_seconds", 3.0, "Seconds each of --calibrate's exchange "
+                              "timings runs (host time idle and busy, tfscale's ring, gRPC; the "
+                              "float16 cast at most 2): longer for steadier figures on a noisy "
+                              "node.", lower_bound=0.1)
 _OUT = flags.DEFINE_string("out", None, "Machine file --calibrate writes.")
 
 
@@ -261,7 +265,8 @@ def run_calibrate(train_flags: list[str]) -> int:
     if not _OUT.value:
         raise ValueError("--calibrate needs --out=FILE.json for the machine file it writes")
     precision = "fp32" if _PRECISION.value == "auto" else _PRECISION.value
-    entry = calibrate.measure(_MODEL.value, _BATCH.value, precision, _STEPS.value, train_flags)
+    entry = calibrate.measure(_MODEL.value, _BATCH.value, precision, _STEPS.value, train_flags,
+                              seconds=_SECONDS.value)
     machine = calibrate.write(_MACHINE.value, Path(_OUT.value), _MODEL.value, entry)
     print(f"calibrated {_MODEL.value} ({precision}, batch {_BATCH.value}): "
           f"{entry['step_ms'][precision]:.1f} ms/step, "

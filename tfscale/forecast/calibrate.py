@@ -252,8 +252,10 @@ def cpu_name() -> str:
 
 
 def measure(model: str, batch_size: int, precision: str, steps: int,
-            train_flags: Sequence[str] = (), timeout_s: int = 900) -> dict[str, Any]:
-    """Runs the calibration children; returns the model's machine-file entry.
+            train_flags: Sequence[str] = (), timeout_s: int = 900,
+            seconds: float = 3.0) -> dict[str, Any]:
+    """Runs the calibration children, each exchange timing for ``seconds`` (the cast for at
+    most 2); returns the model's machine-file entry.
 
     Raises:
         ValueError: for ``--precision=auto`` (the file must say which precision it measured).
@@ -274,10 +276,10 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
         pipeline = None
         if dataset not in (None, SYNTHETIC):
             pipeline = _train(common, Path(tmp) / "pipeline", timeout_s)[0]["images_per_sec"]
-    idle_ns, busy_ns = host_time()
-    grpc_ns, grpc_how = grpc_time(gradient_bytes)
-    by_transport = {"ring": transport_time("ring"), "grpc": grpc_ns}
-    cast_ns = cast_time(gradient_bytes)
+    idle_ns, busy_ns = host_time(seconds=seconds)
+    grpc_ns, grpc_how = grpc_time(gradient_bytes, seconds)
+    by_transport = {"ring": transport_time("ring", seconds=seconds), "grpc": grpc_ns}
+    cast_ns = cast_time(gradient_bytes, min(seconds, 2.0))
     spread = step_cv(log, batch_size)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {
@@ -295,8 +297,9 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
         "host": {"host_ns_per_byte": busy_ns, "idle_ns_per_byte": idle_ns,
                  "idle_ns_per_byte_by_transport": by_transport, "cast_ns_per_byte": cast_ns,
                  "source": (f"tfscale.forecast --calibrate, {when}, on {platform.node()} "
-                            f"({cpu_name()}): an all-reduce of 16 MiB between two processes "
-                            "on one core over loopback TCP with a third computing on that core "
+                            f"({cpu_name()}), each exchange timed for {seconds:g} "
+                            "s: an all-reduce of 16 MiB between two processes on one core "
+                            "over loopback TCP with a third computing on that core "
                             f"(busy): {busy_ns:.2f} ns per byte; the core otherwise idle: "
                             f"{idle_ns:.2f} ns per byte; (python -m tfscale.cli.host_time) "
                             "the same all-reduce on the idle core through tfscale's ring: "
