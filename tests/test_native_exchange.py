@@ -193,3 +193,17 @@ def test_a_failed_build_names_the_source_and_the_compilers_errors(
         native.build()
     assert not list((tmp_path / "cache").rglob("*.so")) and not list(
         (tmp_path / "cache").rglob("*.tmp")), "nothing half-built is left"
+
+
+def test_copies_of_the_source_share_one_build(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build is keyed by the source's bytes, not its path: another checkout or an install
+    of the same source finds the op already built (another source does not)."""
+    here = native.library_path()
+    copy = tmp_path / "elsewhere" / native.SOURCE.name
+    copy.parent.mkdir()
+    copy.write_bytes(native.SOURCE.read_bytes())
+    monkeypatch.setattr(native, "SOURCE", copy)
+    assert native.library_path() == here
+    copy.write_bytes(copy.read_bytes() + b"\n")
+    assert native.library_path() != here

@@ -8,12 +8,13 @@ all-reduce of a job on one node (on a 2-core AMD EPYC, horovod's 2-worker ``mlp`
 faster with it; bench/RESULTS.md), and ``TfscaleNodeReduceScatter`` and
 ``TfscaleNodeAllGather``, the node phases around the cross-node sum of a job on several.
 
-The library is compiled once per TensorFlow version and source, with the compiler that built
-Horovod (``$CXX``, else ``g++``) and the flags ``tf.sysconfig`` gives, into
-``$XDG_CACHE_HOME/tfscale/native`` (``~/.cache``), under a lock, so the processes of a job
-starting together build it once. Where it cannot be built or loaded, the exchange stays in
-``tf.numpy_function`` and one warning says why. ``TFSCALE_NATIVE_EXCHANGE=0`` keeps it there
-on purpose (benchmarks compare the two).
+The library is compiled once per TensorFlow version and source (its bytes, wherever it lies:
+checkouts and installs share one build), with the compiler that built Horovod (``$CXX``, else
+``g++``) and the flags ``tf.sysconfig`` gives, into ``$XDG_CACHE_HOME/tfscale/native``
+(``~/.cache``), under a lock, so the processes of a job starting together build it once.
+Where it cannot be built or loaded, the exchange stays in ``tf.numpy_function`` and one
+warning says why. ``TFSCALE_NATIVE_EXCHANGE=0`` keeps it there on purpose (benchmarks compare
+the two).
 
     python -m tfscale.exchange.native   # builds it now (launch/setup.sh does), prints its path
 """
@@ -42,11 +43,11 @@ def cache_dir() -> Path:
     return Path(root) / "tfscale" / "native"
 
 
-def _command(output: Path) -> list[str]:
+def _command(output: Path, source: Path | None = None) -> list[str]:
     import tensorflow as tf
 
     compiler = os.environ.get("CXX") or "g++"
-    return [compiler, "-O3", "-shared", "-fPIC", "-ffp-contract=off", "-w", str(SOURCE),
+    return [compiler, "-O3", "-shared", "-fPIC", "-ffp-contract=off", "-w", str(source or SOURCE),
             "-o", str(output), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
 
 
@@ -57,7 +58,7 @@ def library_path() -> Path:
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
     key.update(tf.__version__.encode())
-    key.update(" ".join(_command(Path("out"))).encode())
+    key.update(" ".join(_command(Path("out"), Path(SOURCE.name))).encode())
     return cache_dir() / f"node_all_reduce-{key.hexdigest()[:16]}.so"
 
 
