@@ -45,7 +45,7 @@ if "$PY" -c "import horovod.tensorflow as h, sys; sys.exit(0 if h.gloo_built() a
 fi
 
 if ! ls "$dest"/horovod-*.whl >/dev/null 2>&1; then
-  echo "[build_horovod] building $key (about 2-3 minutes on 2 cores)"
+  echo "[build_horovod] building $key (about 2 minutes on 2 cores)"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   "$PY" -m pip download --quiet --no-deps --no-binary=:all: "horovod==${HVD_VERSION}" -d "$work"
