@@ -4,8 +4,9 @@
 # Horovod 0.28.1 is the last release and its source does not compile against TF 2.21: the XLA
 # custom-call op (horovod/tensorflow/xla_mpi_ops.cc) uses XLA headers that TF no longer ships.
 # We drop that one file from the CMake source list (and build Release: see below); the remaining
-# ops (allreduce, grouped allreduce, broadcast, allgather, process sets) build and work. Consequence: Horovod ops cannot
-# run inside an XLA-compiled function (tfscale keeps the all-reduce outside jit_compile).
+# ops (allreduce, grouped allreduce, broadcast, allgather, process sets) build and work.
+# Consequence: Horovod ops cannot run inside an XLA-compiled function (tfscale keeps the
+# all-reduce outside jit_compile).
 #
 # Usage: launch/build_horovod.sh PYTHON     (PYTHON = the venv's interpreter)
 #        tfscale-build-horovod [PYTHON]     (installed with tfscale; PYTHON defaults to its own)
