@@ -270,6 +270,31 @@ def test_rank_wrapper_pins_gpus_by_local_rank(tmp_path: Path, stub: str) -> None
     assert "needs 1 GPU(s) from index 5" in run_rank(tmp_path, text, too_far)["error"]
 
 
+# A rank that exits with EXIT_PEER_LOST (4) just as the launcher stops the step: once its wrapper
+# has set its traps (SigCgt has SIGTERM's bit), it sends the wrapper a TERM and exits.
+LEAVING = """#!/usr/bin/env bash
+until (( 16#$(awk '/^SigCgt:/ {print $2}' /proc/$PPID/status) >> 14 & 1 )); do sleep 0.01; done
+kill -s TERM "$PPID"
+exit 4
+"""
+
+
+def test_slurm_rank_wrapper_reports_the_exit_code_of_a_rank_stopped_with_the_step(
+        tmp_path: Path) -> None:
+    """The TERM that reaches the wrapper as its rank exits does not replace the rank's exit code,
+    which the job's exit code must carry. When the wrapper waited with its traps set, 143 came
+    back in about half of these stops (and in a CI run's cut-link job)."""
+    leaving = tmp_path / "leaving"
+    leaving.write_text(LEAVING)
+    leaving.chmod(0o755)
+    wrapper = tmp_path / "rank.sh"
+    wrapper.write_text(rank_script(script("slurm", python=str(leaving))) + "\n")
+    env = {**os.environ, **slurm_vars(0, 0, 0)}
+    codes = [subprocess.run(["bash", str(wrapper)], env=env, timeout=60).returncode
+             for _ in range(8)]
+    assert codes == [4] * 8, codes
+
+
 def test_simulated_slurm_step_gives_each_rank_its_cluster_spec(tmp_path: Path, stub: str) -> None:
     text = script("slurm", nodes=2, gpus_per_node=4, python=stub, port=30000,
                   train_args=("--strategy=multiworker", "--model=tiny_cnn"))

@@ -128,11 +128,16 @@ def rank_script(req: JobRequest, rank_var: str, local_rank_var: str, launcher: s
         f"{run} &", "pid=$!",
         "trap 'kill -s USR1 \"$pid\" 2>/dev/null || true' USR1",
         "trap 'kill -s TERM \"$pid\" 2>/dev/null || true' TERM",
-        "status=0",
-        "while :; do",
-        '  wait "$pid" && status=0 || status=$?',
-        '  kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupted the wait',
+        # No wait while the traps are set: a trapped signal cuts a wait short with 128 + its
+        # number, and where the process ends at that moment bash loses its status (143 or -1
+        # came back for a rank that exited 4 as the step was stopped). A sleep defers the
+        # trap by at most half a second; the last wait, with nothing left to forward, is
+        # never cut short.
+        'while kill -0 "$pid" 2>/dev/null; do',
+        "  sleep 0.5 || true",
         "done",
+        "trap '' TERM USR1",
+        'wait "$pid" && status=0 || status=$?',
         f'if [ "$status" -eq {EXIT_PREEMPTED} ]; then',
         f'  echo "rank $rank" >> "$(dirname "$0")/{PREEMPTED_MARKER}"',
         "  exit 0",
