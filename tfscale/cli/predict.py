@@ -208,6 +208,7 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    command.import_tensorflow()
     import numpy as np
     import tensorflow as tf
 

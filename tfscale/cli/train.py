@@ -82,7 +82,8 @@ def main(argv: list[str]) -> int:
         return launch_workers(config)
     # Slurm's time-limit warning may come while TensorFlow loads: keep it for the guard.
     preemption.catch_warning()
-    from tfscale.training import trainer  # TensorFlow loads here, once the run is known to be valid
+    command.import_tensorflow()  # here, once the run is known to be valid
+    from tfscale.training import trainer
 
     try:
         trainer.run(config, plugins.parts(config))
