@@ -5,44 +5,111 @@ Each round runs both, in alternating order (plain first in even rounds, tfscale.
 odd ones), so drift in the machine's speed favours neither. The ratio is per round (tfscale /
 plain of that round); the result is the median over the rounds. Target (issue 40): >= 1.00.
 
-    python -m bench.overhead [--rounds 4 --steps 6 --batch_size 32]
+On a VM whose speed drifts by more than the gap between rounds (a third within an hour on a
+2-core AMD EPYC), ``--side_by_side`` runs the two at the same time instead, each on a core of
+its own with one TensorFlow thread of each kind, the cores swapped every round: both see the
+same drift, and the ratio of a round compares runs that shared the machine's state. Their
+timed steps start a few seconds apart (tfscale.train starts later), so for that while one
+runs with the other core's memory traffic not yet there.
+
+    python -m bench.overhead [--rounds 4 --steps 6 --batch_size 32] [--side_by_side]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_description, in_round_order, run_script, save, table, train
+from bench.common import ROOT, cpu_description, in_round_order, run_script, save, table, train
 
 TARGET = 1.00
 RUNS = ("plain keras", "tfscale.train")
 
 
+def _plain_command(steps: int, batch: int, image_size: int, threads: int = 0) -> list[str]:
+    return [sys.executable, "-m", "bench.plain_keras", f"--batch_size={batch}",
+            f"--steps={steps}", f"--image_size={image_size}", f"--threads={threads}"]
+
+
+def _tfscale_flags(steps: int, batch: int, image_size: int, threads: int = 0) -> list[str]:
+    return ["--model=resnet50", f"--batch_size={batch}", f"--steps={steps}",
+            f"--image_size={image_size}", "--learning_rate=0.01", "--precision=fp32",
+            f"--log_every={steps}", f"--intra_op_threads={threads}",
+            f"--inter_op_threads={threads}"]
+
+
+def _rates(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: result[key] for key in ("steps", "images_per_sec", "step_time_ms")}
+
+
 def one(run: str, steps: int, batch: int, image_size: int) -> dict[str, Any]:
     if run == "plain keras":
-        return dict(run_script([sys.executable, "-m", "bench.plain_keras",
-                                f"--batch_size={batch}", f"--steps={steps}",
-                                f"--image_size={image_size}"]))
-    ours = train(["--model=resnet50", f"--batch_size={batch}", f"--steps={steps}",
-                  f"--image_size={image_size}", "--learning_rate=0.01", "--precision=fp32",
-                  f"--log_every={steps}"])
-    return {"steps": ours["steps"], "images_per_sec": ours["images_per_sec"],
-            "step_time_ms": ours["step_time_ms"]}
+        return dict(run_script(_plain_command(steps, batch, image_size)))
+    return _rates(train(_tfscale_flags(steps, batch, image_size)))
 
 
-def measure(rounds: int, steps: int, batch: int, image_size: int) -> dict[str, Any]:
+def _on_core(core: int) -> Callable[[], None]:
+    return lambda: os.sched_setaffinity(0, {core})
+
+
+def side_by_side(round_: int, steps: int, batch: int, image_size: int,
+                 timeout: float = 3600) -> dict[str, dict[str, Any]]:
+    """Both runs at once, each on a core of its own with one thread of each kind; plain Keras
+    on the first core in even rounds, on the second in odd ones."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--side_by_side needs two cores")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "run"
+        commands = {
+            "plain keras": _plain_command(steps, batch, image_size, threads=1),
+            "tfscale.train": [sys.executable, "-m", "tfscale.train",
+                              *_tfscale_flags(steps, batch, image_size, threads=1),
+                              f"--model_dir={model_dir}", "--tensorboard=false"]}
+        procs: dict[str, subprocess.Popen[str]] = {}
+        try:
+            for run, core in zip(in_round_order(RUNS, round_), cores, strict=False):
+                procs[run] = subprocess.Popen(
+                    commands[run], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True, start_new_session=True,
+                    preexec_fn=_on_core(core))
+            outputs = {run: (proc.communicate(timeout=timeout), proc.returncode)
+                       for run, proc in procs.items()}
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        for run, ((_, err), code) in outputs.items():
+            if code != 0:
+                raise RuntimeError(f"{' '.join(commands[run])} failed:\n{err[-3000:]}")
+        plain = json.loads(outputs["plain keras"][0][0].strip().splitlines()[-1])
+        ours = json.loads((model_dir / "results.json").read_text())
+        return {"plain keras": _rates(plain), "tfscale.train": _rates(ours)}
+
+
+def measure(rounds: int, steps: int, batch: int, image_size: int,
+            together: bool = False) -> dict[str, Any]:
     rows = []
     ratios = []
     for round_ in range(rounds):
-        rates = {}
-        for run in in_round_order(RUNS, round_):
-            result = one(run, steps, batch, image_size)
-            rates[run] = float(result["images_per_sec"])
+        if together:
+            results = side_by_side(round_, steps, batch, image_size)
+        else:
+            results = {run: one(run, steps, batch, image_size)
+                       for run in in_round_order(RUNS, round_)}
+        for run, result in results.items():
             rows.append({"round": round_ + 1, "run": run, **result})
-        ratios.append(rates["tfscale.train"] / rates["plain keras"])
+        ratios.append(float(results["tfscale.train"]["images_per_sec"])
+                      / float(results["plain keras"]["images_per_sec"]))
     ratio = statistics.median(ratios)
     return {"cpu": cpu_description(), "rows": rows, "ratios": ratios,
             "plain_images_per_sec": statistics.median(
@@ -51,7 +118,10 @@ def measure(rounds: int, steps: int, batch: int, image_size: int) -> dict[str, A
                 r["images_per_sec"] for r in rows if r["run"] == "tfscale.train"),
             "ratio": ratio, "target": TARGET, "met": ratio >= TARGET,
             "setup": {"model": "resnet50", "batch_size": batch, "image_size": image_size,
-                      "timed_steps_per_run": steps - 1, "rounds": rounds}}
+                      "timed_steps_per_run": steps - 1, "rounds": rounds,
+                      "side_by_side": together,
+                      "threads": "1 intra, 1 inter, a core each" if together
+                      else "TensorFlow's defaults"}}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -59,6 +129,9 @@ def report(result: dict[str, Any]) -> str:
         table(result["rows"], ["round", "run", "images_per_sec", "step_time_ms"]),
         "",
         f"CPU: {result.get('cpu', '?')}",
+        "runs: " + ("side by side, a core and one thread each, the cores swapped every round"
+                    if result.get("setup", {}).get("side_by_side")
+                    else "one after the other, TensorFlow's default threads"),
         "tfscale / plain per round: " + ", ".join(f"{r:.3f}" for r in result.get("ratios", [])),
         f"tfscale / plain = {result['ratio']:.3f}, median of the rounds (target >= {TARGET}: "
         f"{'met' if result['met'] else 'NOT met'})",
@@ -71,8 +144,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--side_by_side", action="store_true",
+                        help="run the two at once, a core and one thread each (see above)")
     args = parser.parse_args()
-    result = measure(args.rounds, args.steps, args.batch_size, args.image_size)
+    result = measure(args.rounds, args.steps, args.batch_size, args.image_size,
+                     args.side_by_side)
     save("overhead", result)
     print(report(result))
 

@@ -1,7 +1,7 @@
 """The baseline a user would write without tfscale: one process, plain ``model.fit`` on the same
 ResNet-50, batch, optimizer and synthetic data. Prints one JSON line with its throughput.
 
-    python -m bench.plain_keras --batch_size 32 --steps 6 [--jit]
+    python -m bench.plain_keras --batch_size 32 --steps 6 [--jit] [--threads 1]
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--jit", action="store_true")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TensorFlow's intra- and inter-op threads (0: its defaults)")
     args = parser.parse_args()
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     images = tf.random.uniform((4, args.batch_size, args.image_size, args.image_size, 3))
     labels = tf.random.uniform((4, args.batch_size), maxval=1000, dtype=tf.int32)
     data = tf.data.Dataset.from_tensor_slices((images, labels)).repeat()
