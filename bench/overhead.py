@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,8 @@ def _on_core(core: int) -> Callable[[], None]:
 def side_by_side(round_: int, steps: int, batch: int, image_size: int,
                  timeout: float = 3600) -> dict[str, dict[str, Any]]:
     """Both runs at once, each on a core of its own with one thread of each kind; plain Keras
-    on the first core in even rounds, on the second in odd ones."""
+    on the first core in even rounds, on the second in odd ones. The run that ends later has,
+    as ``alone_at_end_s``, how long it ran after the other had ended."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("--side_by_side needs two cores")
@@ -74,26 +76,37 @@ def side_by_side(round_: int, steps: int, batch: int, image_size: int,
             "tfscale.train": [sys.executable, "-m", "tfscale.train",
                               *_tfscale_flags(steps, batch, image_size, threads=1),
                               f"--model_dir={model_dir}", "--tensorboard=false"]}
-        procs: dict[str, subprocess.Popen[str]] = {}
+        out = {run: Path(tmp) / f"{index}.out" for index, run in enumerate(RUNS)}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        ended: dict[str, float] = {}
         try:
             for run, core in zip(in_round_order(RUNS, round_), cores, strict=False):
-                procs[run] = subprocess.Popen(
-                    commands[run], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    text=True, start_new_session=True,
-                    preexec_fn=_on_core(core))
-            outputs = {run: (proc.communicate(timeout=timeout), proc.returncode)
-                       for run, proc in procs.items()}
+                with open(out[run], "wb") as sink:
+                    procs[run] = subprocess.Popen(
+                        commands[run], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                        start_new_session=True, preexec_fn=_on_core(core))
+            deadline = time.monotonic() + timeout
+            while len(ended) < len(procs) and time.monotonic() < deadline:
+                for run, proc in procs.items():
+                    if run not in ended and proc.poll() is not None:
+                        ended[run] = time.monotonic()
+                time.sleep(0.05)
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-        for run, ((_, err), code) in outputs.items():
-            if code != 0:
-                raise RuntimeError(f"{' '.join(commands[run])} failed:\n{err[-3000:]}")
-        plain = json.loads(outputs["plain keras"][0][0].strip().splitlines()[-1])
+        for run, proc in procs.items():
+            if run not in ended or proc.returncode != 0:
+                why = "timed out" if run not in ended else "failed"
+                raise RuntimeError(f"{' '.join(commands[run])} {why}:\n"
+                                   f"{out[run].read_text(errors='replace')[-3000:]}")
+        plain = json.loads(out["plain keras"].read_text().strip().splitlines()[-1])
         ours = json.loads((model_dir / "results.json").read_text())
-        return {"plain keras": _rates(plain), "tfscale.train": _rates(ours)}
+        rows = {"plain keras": _rates(plain), "tfscale.train": _rates(ours)}
+        later = max(ended, key=ended.__getitem__)
+        rows[later]["alone_at_end_s"] = round(ended[later] - min(ended.values()), 1)
+        return rows
 
 
 def measure(rounds: int, steps: int, batch: int, image_size: int,
@@ -126,7 +139,8 @@ def measure(rounds: int, steps: int, batch: int, image_size: int,
 
 def report(result: dict[str, Any]) -> str:
     return "\n".join([
-        table(result["rows"], ["round", "run", "images_per_sec", "step_time_ms"]),
+        table(result["rows"], ["round", "run", "images_per_sec", "step_time_ms"]
+              + (["alone_at_end_s"] if result.get("setup", {}).get("side_by_side") else [])),
         "",
         f"CPU: {result.get('cpu', '?')}",
         "runs: " + ("side by side, a core and one thread each, the cores swapped every round"

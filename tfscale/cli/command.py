@@ -97,18 +97,18 @@ def import_tensorflow() -> None:
     ``import matplotlib`` is untouched. Nothing is changed when TensorFlow, Keras or
     matplotlib is already imported, or matplotlib is not installed.
     """
-    if ("tensorflow" in sys.modules or "keras" in sys.modules or "matplotlib" in sys.modules
-            or importlib.util.find_spec("matplotlib") is None):
-        import keras  # noqa: F401
-        import tensorflow  # noqa: F401
-        return
-    sys.modules["matplotlib"] = None  # type: ignore[assignment]  # import raises ImportError
+    defer = not ("tensorflow" in sys.modules or "keras" in sys.modules
+                 or "matplotlib" in sys.modules or importlib.util.find_spec("matplotlib") is None)
+    if defer:
+        sys.modules["matplotlib"] = None  # type: ignore[assignment]  # import: ImportError
     try:
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
     finally:
-        if sys.modules.get("matplotlib", "") is None:
+        if defer and sys.modules.get("matplotlib", "") is None:
             del sys.modules["matplotlib"]
+    if not defer:
+        return
     for module, name, target in _KERAS_PLOTS:
         holder = sys.modules.get(module)
         if holder is not None and getattr(holder, name, "") is None:
