@@ -29,6 +29,12 @@ def in_round_order(items: Sequence[T], round_: int) -> list[T]:
     return list(items) if round_ % 2 == 0 else list(items)[::-1]
 
 
+def train_command(flags: Sequence[str], model_dir: Path) -> list[str]:
+    """``python -m tfscale.train FLAGS`` into ``model_dir``, without TensorBoard's files."""
+    return [sys.executable, "-m", "tfscale.train", *flags, f"--model_dir={model_dir}",
+            "--tensorboard=false"]
+
+
 def train(flags: Sequence[str], cores: Sequence[int] | None = None,
           timeout: float = 1800, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Runs ``python -m tfscale.train FLAGS`` in a fresh model_dir; returns its results.json.
@@ -39,8 +45,7 @@ def train(flags: Sequence[str], cores: Sequence[int] | None = None,
         env: variables set for the run on top of this process's environment.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "tfscale.train", *flags, f"--model_dir={tmp}/run",
-                   "--tensorboard=false"]
+        command = train_command(flags, Path(tmp) / "run")
         pin: Callable[[], None] | None = (
             (lambda: os.sched_setaffinity(0, set(cores))) if cores else None)
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,

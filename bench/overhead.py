@@ -8,9 +8,9 @@ plain of that round); the result is the median over the rounds. Target (issue 40
 On a VM whose speed drifts by more than the gap between rounds (a third within an hour on a
 2-core AMD EPYC), ``--side_by_side`` runs the two at the same time instead, each on a core of
 its own with one TensorFlow thread of each kind, the cores swapped every round: both see the
-same drift, and the ratio of a round compares runs that shared the machine's state. Their
-timed steps start a few seconds apart (tfscale.train starts later), so for that while one
-runs with the other core's memory traffic not yet there.
+same drift, and the ratio of a round compares runs that shared the machine's state. The two
+do not start or end their timed steps together: the one that ends later records how long it
+ran with the other core idle (``alone_at_end_s``).
 
     python -m bench.overhead [--rounds 4 --steps 6 --batch_size 32] [--side_by_side]
 """
@@ -29,7 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, cpu_description, in_round_order, run_script, save, table, train
+from bench.common import (
+    ROOT,
+    cpu_description,
+    in_round_order,
+    run_script,
+    save,
+    table,
+    train,
+    train_command,
+)
 
 TARGET = 1.00
 RUNS = ("plain keras", "tfscale.train")
@@ -73,9 +82,8 @@ def side_by_side(round_: int, steps: int, batch: int, image_size: int,
         model_dir = Path(tmp) / "run"
         commands = {
             "plain keras": _plain_command(steps, batch, image_size, threads=1),
-            "tfscale.train": [sys.executable, "-m", "tfscale.train",
-                              *_tfscale_flags(steps, batch, image_size, threads=1),
-                              f"--model_dir={model_dir}", "--tensorboard=false"]}
+            "tfscale.train": train_command(_tfscale_flags(steps, batch, image_size, threads=1),
+                                           model_dir)}
         out = {run: Path(tmp) / f"{index}.out" for index, run in enumerate(RUNS)}
         procs: dict[str, subprocess.Popen[bytes]] = {}
         ended: dict[str, float] = {}

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, cpu_description, save, table
+from bench.common import ROOT, cpu_description, save, table, train_command
 from bench.exchange_efficiency import MLP
 
 # Images per worker and step, from the flags (the step time comes from job-wide images/s).
@@ -139,8 +139,8 @@ def profile_run(flags: Sequence[str], workers: int, seconds: float, log_every: i
     """Starts ``tfscale.train FLAGS``, samples one process of it for ``seconds`` once its
     first step has run, then stops it; returns its step time and function shares."""
     with tempfile.TemporaryDirectory(prefix="tfscale-profile-") as tmp:
-        command = [sys.executable, "-m", "tfscale.train", *flags, "--steps=1000000",
-                   f"--log_every={log_every}", f"--model_dir={tmp}/run", "--tensorboard=false"]
+        command = train_command([*flags, "--steps=1000000", f"--log_every={log_every}"],
+                                Path(tmp) / "run")
         pin = (lambda: os.sched_setaffinity(0, set(cores))) if cores else None
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, preexec_fn=pin,

@@ -45,4 +45,3 @@ def test_nothing_changes_once_tensorflow_is_loaded() -> None:
     command.import_tensorflow()
     assert sys.modules["tensorflow"] is tf and sys.modules["keras"] is keras
     assert sys.modules.get("matplotlib") is before.get("matplotlib")
-
