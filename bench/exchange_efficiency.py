@@ -9,7 +9,10 @@ classes) for a step of about 10 milliseconds on one core. Each round runs, in al
 - each strategy on 2 workers (``--num_processes=2 --cpu_binding``: a core each);
 - with ``--numpy_function``, each strategy again with its exchange in ``tf.numpy_function``
   (``TFSCALE_NATIVE_EXCHANGE=0``) instead of :mod:`tfscale.exchange.native`'s op: what the op
-  gains, in the same rounds.
+  gains, in the same rounds;
+- with ``--unsharded``, each strategy again with ``--nosharded_update`` (every worker applies
+  the whole momentum update, as before :mod:`tfscale.exchange.sharded_update`): what sharding
+  the update gains, in the same rounds.
 
 Efficiency = the 2-worker rate / (2 x ``alone``). Two floors bound it from above:
 
@@ -29,10 +32,12 @@ Efficiency = the 2-worker rate / (2 x ``alone``). Two floors bound it from above
   :class:`tfscale.exchange.shared_memory.SharedMemoryGroup`'s segment can do better.
 
 The fraction of the floors a strategy reaches is what the exchange still costs above its
-least. Figures are medians over ``--rounds``.
+least. The floors keep each worker's step as one process runs it, the whole update included;
+a sharded update (the strategies' default) takes half of the update off each of two workers'
+steps, so it can pass them. Figures are medians over ``--rounds``.
 
     python -m bench.exchange_efficiency [--rounds 3 --steps 300 --strategies horovod,multiworker]
-                                        [--numpy_function]
+                                        [--numpy_function] [--unsharded]
 """
 
 from __future__ import annotations
@@ -157,16 +162,22 @@ def twins(flags: list[str], cores: list[int]) -> list[float]:
     return rates
 
 
-# The suffix of a strategy's case whose exchange runs in tf.numpy_function, not as the op.
+# The suffixes of a strategy's cases that run it another way: the exchange in
+# tf.numpy_function, not as the op; every worker applying the whole update (--nosharded_update).
 IN_PYTHON = " (numpy_function)"
+UNSHARDED = " (unsharded update)"
+VARIANTS = {IN_PYTHON: ([], {"TFSCALE_NATIVE_EXCHANGE": "0"}),
+            UNSHARDED: (["--nosharded_update"], {})}
 
 
-def measure(strategies: list[str], rounds: int, steps: int,
-            numpy_function: bool = False) -> dict[str, Any]:
+def measure(strategies: list[str], rounds: int, steps: int, numpy_function: bool = False,
+            unsharded: bool = False) -> dict[str, Any]:
     cores = sorted(os.sched_getaffinity(0))[:2]
     base = [*MLP, f"--steps={steps}", f"--log_every={steps}"]
-    if numpy_function:
-        strategies = [*strategies, *(s + IN_PYTHON for s in strategies)]
+    plain = list(strategies)
+    for suffix, wanted in ((IN_PYTHON, numpy_function), (UNSHARDED, unsharded)):
+        if wanted:
+            strategies = [*strategies, *(s + suffix for s in plain)]
     cases = ["alone", "twin", *strategies]
     runs: dict[str, list[float]] = {case: [] for case in cases}
     for round_ in range(rounds):
@@ -177,11 +188,12 @@ def measure(strategies: list[str], rounds: int, steps: int,
             elif case == "twin":
                 runs[case].append(sum(twins([*base, "--strategy=default"], cores)))
             else:
-                env = {"TFSCALE_NATIVE_EXCHANGE": "0" if case.endswith(IN_PYTHON) else "1"}
-                runs[case].append(float(train([*base,
-                                               f"--strategy={case.removesuffix(IN_PYTHON)}",
-                                               "--num_processes=2", "--cpu_binding"],
-                                              env=env)["images_per_sec"]))
+                strategy, suffix = case.split(" ", 1) if " " in case else (case, "")
+                flags, env = VARIANTS.get(" " + suffix, ([], {}))
+                runs[case].append(float(train([*base, f"--strategy={strategy}",
+                                               "--num_processes=2", "--cpu_binding", *flags],
+                                              env={"TFSCALE_NATIVE_EXCHANGE": "1", **env}
+                                              )["images_per_sec"]))
     copy_gbps = memcpy_gbps()
     alone = statistics.median(runs["alone"])
     twin_floor = statistics.median(runs["twin"]) / (2 * alone)
@@ -238,8 +250,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--numpy_function", action="store_true",
                         help="each strategy also with its exchange in tf.numpy_function")
+    parser.add_argument("--unsharded", action="store_true",
+                        help="each strategy also with every worker applying the whole update "
+                             "(--nosharded_update)")
     args = parser.parse_args()
-    result = measure(args.strategies.split(","), args.rounds, args.steps, args.numpy_function)
+    result = measure(args.strategies.split(","), args.rounds, args.steps, args.numpy_function,
+                     args.unsharded)
     save("exchange_efficiency", result)
     print(report(result))
 

@@ -17,7 +17,13 @@ from tests.conftest import (
     run_process,
     run_train,
 )
-from tests.equivalence import WORKER, assert_replicas_equal, max_abs_diff, reference
+from tests.equivalence import (
+    WORKER,
+    assert_replicas_equal,
+    load_weights,
+    max_abs_diff,
+    reference,
+)
 
 pytestmark = [pytest.mark.slow, requires_horovod]
 
@@ -62,10 +68,18 @@ def test_micro_batches_of_divided_losses_sum_to_one_process_on_all_of_them(
 
 
 def test_workers_stay_identical_over_several_steps(tmp_path: Path) -> None:
-    _horovod_workers(tmp_path / "hvd", steps=5, batch=3)
+    # With momentum, each worker updates its half of the weights and of the momentum
+    # (tfscale.exchange.sharded_update); the weights, and the momentum once gathered as a
+    # checkpoint gathers it, are one process's on the combined batch.
+    _horovod_workers(tmp_path / "hvd", 5, 3, "--momentum=0.9")
+    counts = json.loads((tmp_path / "hvd" / "rank0.json").read_text())
+    assert counts["sharded"] == counts["allreduces"] == 5, counts
+    assert counts["describe"].endswith("SGD's momentum update sharded over 2 processes")
     distributed = assert_replicas_equal(tmp_path / "hvd", 2)
-    single = reference(tmp_path / "ref", batch=6, steps=5)
+    momentum = assert_replicas_equal(tmp_path / "hvd", 2, "_momentum")
+    single = reference(tmp_path / "ref", batch=6, steps=5, momentum=0.9)
     assert max_abs_diff(distributed, single) < 1e-4
+    assert max_abs_diff(momentum, load_weights(tmp_path / "ref" / "rank0_momentum.npz")) < 1e-4
 
 
 def test_train_cli_under_horovodrun(tmp_path: Path) -> None:

@@ -72,9 +72,20 @@ def test_several_steps_stay_equivalent(run, tmp_path: Path) -> None:  # type: ig
     # Two epochs of two steps against one epoch of four: over the epoch boundary model.fit goes
     # on with the same iterator (a multiworker worker iterates its own dataset there, see
     # tfscale.multiworker.per_worker_dataset), so step 3 reads the third batch, not the first.
-    distributed = run(tmp_path / "dist", 4, 3, "--epochs=2")
-    single = reference(tmp_path / "ref", batch=6, steps=4)
+    # With momentum: multiworker shards its update over the workers
+    # (tfscale.exchange.sharded_update); the momentum, gathered as a checkpoint gathers it,
+    # is one device's too.
+    distributed = run(tmp_path / "dist", 4, 3, "--epochs=2", "--momentum=0.9")
+    counts = json.loads((tmp_path / "dist" / "rank0.json").read_text())
+    if run is _multiworker:
+        assert counts["sharded"] == counts["allreduces"] == 4, counts
+        assert counts["describe"].endswith("SGD's momentum update sharded over 2 processes")
+        momentum = assert_replicas_equal(tmp_path / "dist", 2, "_momentum")
+    else:
+        momentum = load_weights(tmp_path / "dist" / "rank0_momentum.npz")
+    single = reference(tmp_path / "ref", batch=6, steps=4, momentum=0.9)
     assert max_abs_diff(distributed, single) < 1e-4
+    assert max_abs_diff(momentum, load_weights(tmp_path / "ref" / "rank0_momentum.npz")) < 1e-4
 
 
 @pytest.mark.parametrize("run", [_mirrored, _multiworker_shared_memory],

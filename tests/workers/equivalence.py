@@ -9,7 +9,11 @@ initial broadcast. Each process writes its final weights to ``OUT/rank<R>.npz``,
 saw, and (Horovod) grouped all-reduces.
 
 With ``--grad_accum_steps K`` a step is K micro-batches of ``--batch`` per replica
-(:func:`tfscale.training.optimizers.accumulate_gradients`).
+(:func:`tfscale.training.optimizers.accumulate_gradients`). With ``--momentum``, SGD has that
+momentum (the update that ``horovod`` and ``multiworker`` shard over a node's workers,
+:mod:`tfscale.exchange.sharded_update`), and each process also writes its momentum, gathered as
+a checkpoint gathers it, to ``OUT/rank<R>_momentum.npz``; ``sharded`` in the counts is the
+number of steps whose update was sharded.
 
     python -m tests.workers.equivalence --strategy horovod --steps 1 --batch 4 --out DIR
 """
@@ -51,7 +55,8 @@ class Counts:
 
     def __init__(self) -> None:
         self.values = {name: tf.Variable(0, dtype=tf.int64, trainable=False)
-                       for name in ("forward_passes", "largest_forward_batch", "allreduces")}
+                       for name in ("forward_passes", "largest_forward_batch", "allreduces",
+                             "sharded")}
         self.divisors: set[int] = set()
 
     def count_forward(self, model: keras.Model) -> None:
@@ -72,7 +77,19 @@ class Counts:
         runs in tf.numpy_function, its NumPy function's (which runs once per execution)."""
         node = getattr(getattr(strategy, "reduce", None), "node", None)
         if node is not None:
-            from tfscale.exchange import hierarchical
+            from tfscale.exchange import hierarchical, sharded_update
+
+            apply = sharded_update.apply
+
+            def counted_sharded(*args, **kwargs):  # type: ignore[no-untyped-def]
+                done = apply(*args, **kwargs)
+                if done is not None:
+                    self.values["allreduces"].assign_add(1)
+                    self.values["sharded"].assign_add(1)
+                    self.divisors.add(int(kwargs.get("divisor", 1)))
+                return done
+
+            sharded_update.apply = counted_sharded
 
             exchange, native = node.all_reduce, hierarchical.native_all_reduce
 
@@ -126,6 +143,7 @@ def main() -> None:
     parser.add_argument("--grad_accum_steps", type=int, default=1)
     parser.add_argument("--node_exchange", default="auto")
     parser.add_argument("--xla", default="off")
+    parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.steps % args.epochs:
@@ -148,7 +166,7 @@ def main() -> None:
         counts.count_allreduces(strategy)
         with strategy.scope():
             model = tiny_cnn(SHAPE, CLASSES)
-            optimizer = strategy.wrap_optimizer(keras.optimizers.SGD(0.5))
+            optimizer = strategy.wrap_optimizer(keras.optimizers.SGD(0.5, args.momentum))
             model.compile(optimizer=optimizer,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           jit_compile=strategy.jit_compiles == "step")
@@ -162,6 +180,12 @@ def main() -> None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         np.savez(Path(args.out) / f"rank{strategy.rank}.npz",
                  *[np.asarray(w) for w in model.get_weights()])
+        if args.momentum:
+            from tfscale.exchange.sharded_update import gather_momentum
+
+            gather_momentum(optimizer)  # a collective, as before a checkpoint
+            np.savez(Path(args.out) / f"rank{strategy.rank}_momentum.npz",
+                     *[np.asarray(m.numpy()) for m in optimizer.momentums])
         (Path(args.out) / f"rank{strategy.rank}.json").write_text(
             json.dumps({**counts.to_dict(), "describe": strategy.describe(),
                         "loss": history.history["loss"][-1]}))

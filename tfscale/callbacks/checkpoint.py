@@ -11,6 +11,7 @@ import keras
 from tfscale.callbacks.step import optimizer_step
 from tfscale.cluster import rank_zero
 from tfscale.exchange.optimizer import averaged_lag_gradients
+from tfscale.exchange.sharded_update import gather_momentum
 from tfscale.training.checkpointing import CheckpointError, CheckpointManager
 
 
@@ -39,13 +40,16 @@ class Checkpoint(keras.callbacks.Callback):
         """Saves now (chief only) unless this step is already saved or its loss is not finite.
 
         Every worker calls it at the same steps: with a gradient lag, the pending gradients
-        are averaged over the workers first (a collective) and saved beside the variables.
+        are averaged over the workers first (a collective) and saved beside the variables;
+        with a sharded update, every worker's share of the momentum is gathered first (a
+        collective too).
         """
         step = self.step
         if step == self.last_saved:
             return
         self.last_saved = step
         pending = averaged_lag_gradients(self.model.optimizer)
+        gather_momentum(self.model.optimizer)
         loss = (logs or {}).get("loss")
         if (loss is not None and not math.isfinite(float(loss))) or not rank_zero.is_chief():
             return

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tfscale.exchange import timing
+from tfscale.exchange import sharded_update, timing
 from tfscale.exchange.interface import Entry
 
 if TYPE_CHECKING:
     import keras
+
+    from tfscale.exchange.hierarchical import HierarchicalAllReduce
 
 Reduce = Callable[[list[Any]], list[Any]]
 
@@ -27,6 +29,7 @@ def with_gradient_reduction(
     optimizer: keras.optimizers.Optimizer, reduce: Reduce, backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = False, gradient_lag: int = 0,
     summed: Reduce | None = None, workers: int = 1,
+    shard_update: HierarchicalAllReduce | None = None,
 ) -> keras.optimizers.Optimizer:
     """Makes ``optimizer`` pass its gradients through ``reduce`` before applying them.
 
@@ -57,6 +60,12 @@ def with_gradient_reduction(
     gets ``reduce``'s mean, as does every step under a lag (its pending gradients are saved
     averaged, :func:`averaged_lag_gradients`).
 
+    ``shard_update``, the one-node shared-memory all-reduce behind ``summed``, shards SGD's
+    momentum update over the node's processes in the steps that sum
+    (:mod:`tfscale.exchange.sharded_update`; the caller checks that the optimizer and the
+    exchange allow it). Every save of the optimizer's state must then gather the momentum
+    first (:func:`sharded_update.gather_momentum`).
+
     Raises:
         ValueError: if ``optimizer`` already reduces, ``backward_passes_per_step`` < 1,
             ``gradient_lag`` is not 0 or 1, or a lag is combined with
@@ -85,6 +94,8 @@ def with_gradient_reduction(
     # A lag keeps the mean, and one worker has nothing to divide.
     sum_present = (None if summed is None or workers == 1 or gradient_lag
                    else _skipping_none(timing.timed(summed)))
+    shard = (shard_update if sum_present is not None and backward_passes_per_step == 1
+             else None)
 
     def scale_loss(self: Any, loss: Any) -> Any:
         loss = base.scale_loss(self, loss)
@@ -106,11 +117,32 @@ def with_gradient_reduction(
         step_reduce = (sum_present if sum_present is not None
                        and divided is tf.compat.v1.get_default_graph() else reduce_present)
         if backward_passes_per_step == 1:
+            if shard is not None and step_reduce is sum_present:
+                # The sum is left to the update (_backend_update_step), which shards it.
+                self._tfscale_shard_in = tf.compat.v1.get_default_graph()
+                return base.apply(self, grads, trainable_variables)
             return base.apply(self, step_reduce(grads), trainable_variables)
         return _accumulate_then_apply(self, base, grads, trainable_variables, step_reduce,
                                       backward_passes_per_step, average_aggregated_gradients)
 
+    def backend_update_step(self: Any, grads: Any, trainable_variables: Any,
+                            learning_rate: Any) -> Any:
+        import tensorflow as tf
+
+        if self.__dict__.pop("_tfscale_shard_in", None) is tf.compat.v1.get_default_graph():
+            assert shard is not None and sum_present is not None
+            grads = list(grads)
+            started = timing.start(grads)
+            done = sharded_update.apply(self, shard, grads, list(trainable_variables),
+                                        learning_rate)
+            if done is not None:
+                timing.stop(started, [done])
+                return None
+            grads = sum_present(grads)  # gradients the op cannot take: the unsharded update
+        return base._backend_update_step(self, grads, trainable_variables, learning_rate)
+
     cls = type(base.__name__, (base,), {"apply": apply, "scale_loss": scale_loss,
+                                        "_backend_update_step": backend_update_step,
                                         "_tfscale_reducing": True,
                                         "_tfscale_lag": gradient_lag,
                                         "_tfscale_reduce": staticmethod(reduce_present),

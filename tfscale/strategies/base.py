@@ -256,7 +256,10 @@ class Strategy(abc.ABC):
         """What carries the gradients inside a node and across nodes, for the logs and
         results.json: :attr:`exchange_plan`, set by strategies that exchange gradients between
         processes ("" for the others)."""
-        return "" if self.exchange_plan is None else self.exchange_plan.describe()
+        if self.exchange_plan is None:
+            return ""
+        sharded = getattr(self, "update_sharding", "")
+        return self.exchange_plan.describe() + (f"; {sharded}" if sharded else "")
 
     def describe(self) -> str:
         """One line for logs: the strategy and its layout."""

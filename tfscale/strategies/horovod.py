@@ -26,6 +26,7 @@ import numpy as np
 
 from tfscale.cluster import environment as cluster_env
 from tfscale.config.options import Option
+from tfscale.exchange import sharded_update
 from tfscale.exchange.hierarchical import HierarchicalAllReduce
 from tfscale.exchange.horovod_runtime import HorovodCollectives, check_installed, start_horovod
 from tfscale.exchange.optimizer import horovod_allreduce, with_gradient_reduction
@@ -37,6 +38,7 @@ from tfscale.exchange.setup import (
     one_node_shared_memory,
     transient,
 )
+from tfscale.exchange.sharded_update import SHARDED_UPDATE
 from tfscale.strategies.base import Rendezvous, Strategy
 
 if TYPE_CHECKING:
@@ -137,8 +139,8 @@ class HorovodStrategy(Strategy):
     # tf.distribute's all-reduce runs inside Keras's step, where it cannot be deferred.
     owned_flags: ClassVar[tuple[str, ...]] = ("gradient_lag",)
     options: ClassVar[tuple[Option[Any], ...]] = (
-        NODE_EXCHANGE, FP16_ALLREDUCE, FUSION_THRESHOLD_MB, CYCLE_TIME_MS, HOROVOD_TIMELINE,
-        HOROVOD_AUTOTUNE)
+        NODE_EXCHANGE, SHARDED_UPDATE, FP16_ALLREDUCE, FUSION_THRESHOLD_MB, CYCLE_TIME_MS,
+        HOROVOD_TIMELINE, HOROVOD_AUTOTUNE)
 
     @classmethod
     def environment(cls, config: StrategySettings) -> dict[str, str]:
@@ -291,10 +293,14 @@ class HorovodStrategy(Strategy):
         if self.reduce is not None:
             # The mean as a sum of gradients from a loss divided by the workers: the sum skips
             # the pass that a mean's division makes over the gradients (bench/RESULTS.md).
+            shard, self.update_sharding = sharded_update.choose(
+                SHARDED_UPDATE.of(self.config) and not self.config.gradient_lag, optimizer,
+                self.reduce)
             return with_gradient_reduction(optimizer, self.reduce,
                                            gradient_lag=self.config.gradient_lag,
                                            summed=self.reduce.sum,
-                                           workers=self.reduce.topology.size)
+                                           workers=self.reduce.topology.size,
+                                           shard_update=shard)
         hvd = self.comm.hvd
         # Horovod's transport, as gradient_reduction chose (not the users' node exchange).
         reduce = horovod_allreduce(hvd, compression=hvd.Compression.fp16

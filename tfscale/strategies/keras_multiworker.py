@@ -215,6 +215,7 @@ def keep_logs_local(strategy: tf.distribute.Strategy) -> None:
 
 def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
                        reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None,
+                       shard_update: HierarchicalAllReduce | None = None,
                        ) -> keras.optimizers.Optimizer:
     """Makes ``optimizer`` sum its gradients over the replicas with ``reduce`` (tensors in,
     their sums over all replicas out) instead of the strategy's all-reduce; with None, with
@@ -227,8 +228,13 @@ def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
     calls the inner one's. Only for one replica per process: ``reduce`` sees this process's
     gradients. The ``multiworker`` strategy passes its shared-memory all-reduce. The class keeps
     its name and module, so a saved model reloads with the plain optimizer.
+
+    ``shard_update``, the one-node shared-memory all-reduce behind ``reduce``, sums the
+    gradients inside SGD's momentum update instead, sharded over the workers
+    (:mod:`tfscale.exchange.sharded_update`; the caller checks that the optimizer and the
+    exchange allow it, and gathers the momentum before saving it).
     """
-    from tfscale.exchange import timing
+    from tfscale.exchange import sharded_update, timing
 
     target = getattr(optimizer, "inner_optimizer", optimizer)
     base = type(target)
@@ -248,8 +254,21 @@ def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
         timing.stop(started, [pairs[i][0] for i in present])
         return pairs
 
+    def _backend_update_step(self: Any, grads: Any, trainable_variables: Any,
+                             learning_rate: Any) -> Any:
+        if shard_update is not None and tf.distribute.get_replica_context() is not None:
+            grads = list(grads)
+            started = timing.start(grads)
+            done = sharded_update.apply(self, shard_update, grads, list(trainable_variables),
+                                        learning_rate)
+            if done is not None:
+                timing.stop(started, [done])
+                return None
+        return base._backend_update_step(self, grads, trainable_variables, learning_rate)
+
     target.__class__ = type(base.__name__, (base,), {
         "_all_reduce_sum_gradients": _all_reduce_sum_gradients, "_tfscale_summing": True,
+        "_backend_update_step": _backend_update_step,
         "__module__": base.__module__, "__qualname__": base.__qualname__})
     return optimizer
 

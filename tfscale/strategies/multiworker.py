@@ -40,9 +40,11 @@ import numpy as np
 
 from tfscale.cluster import environment as cluster_env
 from tfscale.config.options import Option
+from tfscale.exchange import sharded_update
 from tfscale.exchange.hierarchical import HierarchicalAllReduce
 from tfscale.exchange.placement import NODE_EXCHANGE, workers_limits
 from tfscale.exchange.setup import transient, worker_reduction
+from tfscale.exchange.sharded_update import SHARDED_UPDATE
 from tfscale.strategies.base import Rendezvous
 from tfscale.strategies.keras_version import check_keras_version
 from tfscale.strategies.tf_distribute import TFDistributeStrategy
@@ -94,7 +96,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
     rendezvous = Rendezvous.TF_CONFIG
     # horovodrun starts Horovod ranks only; the other launchers give each rank what its
     # TF_CONFIG is built from.
-    options = (NODE_EXCHANGE, COLLECTIVE)
+    options = (NODE_EXCHANGE, SHARDED_UPDATE, COLLECTIVE)
     # Across nodes: its flat ring (--node_exchange=collectives) is TensorFlow's gRPC
     # collective, every hop over TCP; its hierarchical exchange's phase is tfscale's ring.
     host_transports = {"flat": "grpc", "hierarchical": "ring"}
@@ -171,7 +173,9 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         from tfscale.strategies.keras_multiworker import sum_gradients_with
 
         if self.reduce is not None:
-            return sum_gradients_with(optimizer, self.reduce.sum)
+            shard, self.update_sharding = sharded_update.choose(
+                SHARDED_UPDATE.of(self.config), optimizer, self.reduce)
+            return sum_gradients_with(optimizer, self.reduce.sum, shard)
         if timing.CLOCK.enabled and self.replicas_in_process == 1:
             return sum_gradients_with(optimizer, None)  # the strategy's own, timed
         return optimizer

@@ -28,8 +28,11 @@
 #include <thread>
 #include <vector>
 
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -103,6 +106,15 @@ class SegmentKernel : public OpKernel {
   // (tensors laid out at ``offsets_``) to their buffers, waits for theirs, and sums this
   // process's chunk (times ``scale``) into call ``c``'s results buffer.
   Status ReduceScatter(OpKernelContext* ctx, int64_t c, T scale) {
+    TF_RETURN_IF_ERROR(ScatterParts(ctx, c));
+    ForPieces(ctx, index_ * chunk_, (index_ + 1) * chunk_,
+              [&](int64_t lo, int64_t hi, const T* mine) { Sum(lo, hi, mine, c, scale); });
+    return Status();
+  }
+
+  // The first half of ReduceScatter: every other process's chunk of ``inputs`` copied to its
+  // buffer, and every process's parts of this process's chunk in place.
+  Status ScatterParts(OpKernelContext* ctx, int64_t c) {
     TF_RETURN_IF_ERROR(Wait(kGathered, c - 1, "finish exchange " + std::to_string(c - 1)));
     for (int64_t j = 0; j < size_; ++j) {
       if (j == index_) continue;
@@ -112,10 +124,7 @@ class SegmentKernel : public OpKernel {
       });
     }
     Publish(kWritten, c);
-    TF_RETURN_IF_ERROR(Wait(kWritten, c, "write its tensors for exchange " + std::to_string(c)));
-    ForPieces(ctx, index_ * chunk_, (index_ + 1) * chunk_,
-              [&](int64_t lo, int64_t hi, const T* mine) { Sum(lo, hi, mine, c, scale); });
-    return Status();
+    return Wait(kWritten, c, "write its tensors for exchange " + std::to_string(c));
   }
 
   // shared_memory.Segment.all_gather, once this process's chunk of the results is in place:
@@ -163,10 +172,11 @@ class SegmentKernel : public OpKernel {
     return reinterpret_cast<T*>(base_ + kKinds * size_ * kLine) + b * length_;
   }
 
-  // fn(lo, hi, source) for each input's part of the buffer range [start, stop).
+  // fn(lo, hi, source) for each exchanged input's part of the buffer range [start, stop) (the
+  // first offsets_.size() inputs: an op may take more, after them).
   template <typename Fn>
   void ForPieces(OpKernelContext* ctx, int64_t start, int64_t stop, Fn fn) {
-    for (int t = 0; t < ctx->num_inputs(); ++t) {
+    for (size_t t = 0; t < offsets_.size(); ++t) {
       const Tensor& in = ctx->input(t);
       const int64_t offset = offsets_[t], lo = std::max(offset, start);
       const int64_t hi = std::min(offset + in.NumElements(), stop);
@@ -376,6 +386,143 @@ class NodeAllGather : public SegmentKernel<T> {
   std::vector<tensorflow::TensorShape> shapes_;
 };
 
+
+// The node's all-reduce of gradients and the SGD momentum update that applies them, with the
+// update sharded (ZeRO's stage 1, inside a node): each process sums only its chunk, as in
+// NodeAllReduce, then applies Keras' momentum update to that chunk of the variables and of its
+// momentum (ResourceApplyKerasMomentum's arithmetic, element by element), and leaves the new
+// weights of the chunk in the results buffer; then it copies the other processes' chunks of
+// new weights into its variables. Every process ends with the same weights, having updated
+// 1 / size of them; the momentum is up to date only in this process's chunk (the others are
+// brought in by tfscale.exchange.sharded_update before anything reads them).
+//
+// Inputs: N gradients, then the N variables and the N momentum variables (resource handles,
+// each of its gradient's shape and dtype), the learning rate and the momentum (scalars).
+// Output: the exchange's number on the segment, once the variables hold the new weights.
+template <typename T>
+class NodeAllReduceMomentum : public SegmentKernel<T> {
+ public:
+  explicit NodeAllReduceMomentum(OpKernelConstruction* ctx) : SegmentKernel<T>(ctx) {
+    int64_t divisor = 1;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("divisor", &divisor));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_nesterov", &nesterov_));
+    scale_ = ScaleOf<T>(divisor);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t n = static_cast<int64_t>(this->offsets_.size());
+    OP_REQUIRES(ctx, ctx->num_inputs() == 3 * n + 2,
+                tensorflow::errors::InvalidArgument(this->name(), ": ", ctx->num_inputs(),
+                                                    " inputs for ", n, " offsets"));
+    const T lr = ctx->input(3 * n).scalar<T>()();
+    const T momentum = ctx->input(3 * n + 1).scalar<T>()();
+    std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> vars(2 * n);
+    for (int64_t i = 0; i < 2 * n; ++i) {
+      OP_REQUIRES_OK(ctx, tensorflow::LookupResource(
+                              ctx, tensorflow::HandleFromInput(ctx, n + i), &vars[i]));
+    }
+    // Locked in address order (as TensorFlow's training ops lock theirs) for the whole call.
+    std::vector<tensorflow::mutex*> locks;
+    for (auto& var : vars) locks.push_back(var->mu());
+    std::sort(locks.begin(), locks.end());
+    locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
+    for (auto* mu : locks) mu->lock();
+    Status status = Run(ctx, n, lr, momentum, vars);
+    for (auto it = locks.rbegin(); it != locks.rend(); ++it) (*it)->unlock();
+    OP_REQUIRES_OK(ctx, status);
+  }
+
+ private:
+  using Vars = std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>>;
+
+  Status Run(OpKernelContext* ctx, int64_t n, T lr, T momentum, Vars& vars) {
+    std::vector<T*> weights(n), accums(n);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t which = 0; which < 2; ++which) {
+        tensorflow::Var* var = vars[which * n + t].get();
+        Tensor* tensor = var->tensor();
+        if (!tensor->IsInitialized() || tensor->dtype() != ctx->input(t).dtype() ||
+            tensor->NumElements() != ctx->input(t).NumElements()) {
+          return tensorflow::errors::InvalidArgument(
+              this->name(), ": ", which ? "momentum" : "variable", " ", t,
+              " is not initialised or does not match its gradient's dtype and size");
+        }
+        TF_RETURN_IF_ERROR(Own(ctx, var));
+        (which ? accums : weights)[t] = var->tensor()->template flat<T>().data();
+      }
+    }
+    const int64_t c = this->Call();
+    TF_RETURN_IF_ERROR(this->ScatterParts(ctx, c));
+    T* results = this->Buffer(1, c);
+    const int64_t start = this->index_ * this->chunk_, stop = start + this->chunk_;
+    for (int64_t t = 0; t < n; ++t) {  // this chunk: sum, update, new weights to the results
+      const int64_t offset = this->offsets_[t];
+      const int64_t lo = std::max(offset, start);
+      const int64_t hi = std::min(offset + ctx->input(t).NumElements(), stop);
+      const T* mine = ctx->input(t).template flat<T>().data();
+      for (int64_t b = lo; b < hi; b += kBlock) {  // a block's sum is still in the cache
+        const int64_t e = std::min(b + kBlock, hi);
+        this->Sum(b, e, mine + (b - offset), c, scale_);
+        Update(results + b, weights[t] + (b - offset), accums[t] + (b - offset), e - b, lr,
+               momentum);
+      }
+    }
+    this->Publish(kReduced, c);
+    TF_RETURN_IF_ERROR(this->Wait(kReduced, c, "update its chunk in exchange " +
+                                                   std::to_string(c)));
+    for (int64_t t = 0; t < n; ++t) {  // the other chunks' new weights
+      const int64_t offset = this->offsets_[t];
+      const int64_t count = ctx->input(t).NumElements();
+      const int64_t lo = std::max(offset, start), hi = std::min(offset + count, stop);
+      if (lo >= hi) {
+        memcpy(weights[t], results + offset, count * sizeof(T));
+        continue;
+      }
+      memcpy(weights[t], results + offset, (lo - offset) * sizeof(T));
+      memcpy(weights[t] + (hi - offset), results + hi, (offset + count - hi) * sizeof(T));
+    }
+    this->Publish(kGathered, c);
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, tensorflow::TensorShape({}), &out));
+    out->scalar<int64_t>()() = c;
+    return Status();
+  }
+
+  // ResourceApplyKerasMomentum on ``count`` elements, the gradient read from (and the new
+  // weight written to) ``total``: the same operations in the same order, none fused.
+  void Update(T* total, T* weight, T* accum, int64_t count, T lr, T momentum) const {
+    if (nesterov_) {
+      for (int64_t k = 0; k < count; ++k) {
+        const T g = total[k];
+        const T m = accum[k] * momentum - g * lr;
+        accum[k] = m;
+        total[k] = weight[k] = weight[k] + (m * momentum - g * lr);
+      }
+      return;
+    }
+    for (int64_t k = 0; k < count; ++k) {
+      const T m = accum[k] * momentum - total[k] * lr;
+      accum[k] = m;
+      total[k] = weight[k] = weight[k] + m;
+    }
+  }
+
+  // The variable's buffer made this op's own to write (a read that still holds it keeps the
+  // old values), as TensorFlow's training ops do before an update.
+  static Status Own(OpKernelContext* ctx, tensorflow::Var* var) {
+    Tensor* tensor = var->tensor();
+    if (!var->copy_on_read_mode.load() && tensor->RefCountIsOne()) return Status();
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensor->dtype(), tensor->shape(), &copy));
+    memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
+    *tensor = copy;
+    return Status();
+  }
+
+  static constexpr int64_t kBlock = 8192;  // 32 KiB of float32
+  bool nesterov_ = false;
+  T scale_ = T(1);
+};
 }  // namespace
 
 // The attrs that place an op on its segment (tfscale.exchange.hierarchical passes them).
@@ -436,6 +583,20 @@ REGISTER_OP("TfscaleNodeAllGather")
       return Status();
     });
 
+REGISTER_OP("TfscaleNodeAllReduceMomentum")
+    .Input("gradients: N * T")
+    .Input("variables: N * resource")
+    .Input("momentums: N * resource")
+    .Input("learning_rate: T")
+    .Input("momentum: T")
+    .Attr("N: int >= 1")
+    .TFSCALE_SEGMENT_ATTRS
+    .Attr("divisor: int = 1")
+    .Output("exchange: int64")
+    .Attr("use_nesterov: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
 #define TFSCALE_KERNELS(op, kernel)                                                          \
   REGISTER_KERNEL_BUILDER(                                                                  \
       Name(op).Device(tensorflow::DEVICE_CPU).TypeConstraint<float>("T"), kernel<float>);   \
@@ -445,5 +606,6 @@ REGISTER_OP("TfscaleNodeAllGather")
 TFSCALE_KERNELS("TfscaleNodeAllReduce", NodeAllReduce);
 TFSCALE_KERNELS("TfscaleNodeReduceScatter", NodeReduceScatter);
 TFSCALE_KERNELS("TfscaleNodeAllGather", NodeAllGather);
+TFSCALE_KERNELS("TfscaleNodeAllReduceMomentum", NodeAllReduceMomentum);
 
 }  // namespace tfscale

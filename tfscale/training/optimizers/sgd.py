@@ -51,6 +51,8 @@ def _handle(variable: Any) -> Any:
     return variable.handle
 
 
+# Keras' own update in one kernel: tfscale.exchange.sharded_update may shard it.
+SGD.update_step.keras_momentum_update = True  # type: ignore[attr-defined]
 SGD.__module__ = keras.optimizers.SGD.__module__
 SGD.__qualname__ = keras.optimizers.SGD.__qualname__
 
