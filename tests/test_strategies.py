@@ -78,7 +78,8 @@ def test_several_steps_stay_equivalent(run, tmp_path: Path) -> None:  # type: ig
     distributed = run(tmp_path / "dist", 4, 3, "--epochs=2", "--momentum=0.9")
     counts = json.loads((tmp_path / "dist" / "rank0.json").read_text())
     if run is _multiworker:
-        assert counts["sharded"] == counts["allreduces"] == 4, counts
+        # Every step's exchange sharded, and one more exchange: the momentum's gather.
+        assert counts["sharded"] == counts["allreduces"] - 1 == 4, counts
         assert counts["describe"].endswith("SGD's momentum update sharded over 2 processes")
         momentum = assert_replicas_equal(tmp_path / "dist", 2, "_momentum")
     else:
