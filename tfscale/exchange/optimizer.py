@@ -111,13 +111,17 @@ def with_gradient_reduction(
         import tensorflow as tf
 
         grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
         if gradient_lag:
             return _lagged_apply(self, base, grads, trainable_variables, reduce_present)
         divided = self.__dict__.pop("_tfscale_divided_in", None)
         step_reduce = (sum_present if sum_present is not None
                        and divided is tf.compat.v1.get_default_graph() else reduce_present)
         if backward_passes_per_step == 1:
-            if shard is not None and step_reduce is sum_present:
+            if (shard is not None and step_reduce is sum_present
+                    and not _overwritten(trainable_variables
+                                         or getattr(self, "_trainable_variables", []))):
                 # The sum is left to the update (_backend_update_step), which shards it.
                 self._tfscale_shard_in = tf.compat.v1.get_default_graph()
                 return base.apply(self, grads, trainable_variables)
@@ -150,6 +154,12 @@ def with_gradient_reduction(
                                         "__qualname__": base.__qualname__})
     optimizer.__class__ = cls
     return optimizer
+
+
+def _overwritten(variables: list[Any]) -> bool:
+    """Whether Keras overwrites one of ``variables`` with its gradient instead of updating it
+    (float8 scales): it must get the sum before the update, not inside it."""
+    return any(getattr(v, "overwrite_with_gradient", False) for v in variables)
 
 
 def _skipping_none(reduce: Reduce) -> Reduce:
