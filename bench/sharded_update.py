@@ -10,13 +10,16 @@ busy work between calls (as training leaves it), on ``mlp``'s 9.4 MB of float32 
   ran its step before :mod:`tfscale.exchange.sharded_update`;
 - ``sharded``: the one op that sums this process's chunk, updates that chunk of the weights and
   momentum and copies in the other chunk's new weights (``tfscale.train``'s default now);
-- ``update``: the fused update of every weight in one process, no exchange (what a step of one
-  process spends on it).
+- ``update``: the fused update of every weight, no exchange, in both processes at once (what
+  one process's step spends on it, beside a twin).
 
-Each round times every case (in alternating order), the median call of the slower process;
-a call into a ``tf.function`` from Python costs the same in every case and is left in. The
-saving per step, unsharded - sharded, is what each worker's step loses; the ratio to a
-step's time is what it adds to the two-worker efficiency.
+The cases run in the same two processes, call by call in turn (this VM's memory moves by a
+third within minutes, so cases timed minutes apart differ by more than sharding saves), each
+round in a fresh pair; a case's time in a round is the median call of the slower process,
+and the saving is the median over the rounds of unsharded - sharded in the same round. A
+call into a ``tf.function`` from Python costs the same in every case and is left in. The
+saving is what each worker's step loses; over a step's time, what it adds to the two-worker
+efficiency.
 
     python -m bench.sharded_update [--rounds 5 --calls 200 --gap_ms 8]
 """
@@ -24,19 +27,19 @@ step's time is what it adds to the two-worker efficiency.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
 from typing import Any
 
-from bench.common import cpu_description, in_round_order, save, table
+from bench.common import cpu_description, save, table
 from bench.exchange_efficiency import MLP_SHAPES
 
 CASES = ("unsharded", "sharded", "update")
 
 
-def _worker(index: int, core: int, key: str, case: str, gap_ms: float, calls: int,
-            out: Any) -> None:
+def _worker(index: int, core: int, key: str, gap_ms: float, calls: int, out: Any) -> None:
     import numpy as np
     import tensorflow as tf
 
@@ -50,49 +53,50 @@ def _worker(index: int, core: int, key: str, case: str, gap_ms: float, calls: in
     tf.config.threading.set_inter_op_parallelism_threads(1)
     rng = np.random.default_rng(index)
     grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in MLP_SHAPES]
-    weights = [tf.Variable(np.zeros(s, np.float32)) for s in MLP_SHAPES]
-    optimizer = SGD(learning_rate=0.01, momentum=0.9)
-    optimizer.build(weights)
-    if case == "update":
-        function = tf.function(lambda: optimizer.apply(grads, weights))
-    else:
-        group = SharedMemoryGroup(key, index, 2, timeout_s=120)
-        reduce = HierarchicalAllReduce.on_one_node(group, transient=True)
-        if case == "unsharded":
-            function = tf.function(lambda: optimizer.apply(
-                native_all_reduce(group, grads, 1, False, "sums"), weights))
+    group = SharedMemoryGroup(key, index, 2, timeout_s=120)
+    reduce = HierarchicalAllReduce.on_one_node(group, transient=True)
+    functions = {}
+    for case in CASES:  # each with weights and momentum of its own
+        weights = [tf.Variable(np.zeros(s, np.float32)) for s in MLP_SHAPES]
+        optimizer = SGD(learning_rate=0.01, momentum=0.9)
+        optimizer.build(weights)
+        if case == "update":
+            function = tf.function(functools.partial(optimizer.apply, grads, weights))
+        elif case == "unsharded":
+            function = tf.function(lambda o=optimizer, w=weights: o.apply(
+                native_all_reduce(group, grads, 1, False, "sums"), w))
         else:
-            function = tf.function(lambda: sharded_update.apply(
-                optimizer, reduce, grads, weights, optimizer.learning_rate))
-    function()
-    times = []
-    for call in range(calls + 20):
-        end = time.perf_counter() + gap_ms / 1000.0
-        while time.perf_counter() < end:  # the step's work: the core busy, memory left idle
-            pass
-        start = time.perf_counter()
+            function = tf.function(lambda o=optimizer, w=weights: sharded_update.apply(
+                o, reduce, grads, w, o.learning_rate))
         function()
-        if call >= 20:
-            times.append(time.perf_counter() - start)
-    out.put(statistics.median(times) * 1000.0)
+        functions[case] = function
+    times: dict[str, list[float]] = {case: [] for case in CASES}
+    for call in range(calls + 20):
+        for case in CASES:  # the same order in both processes: the exchanges pair up
+            end = time.perf_counter() + gap_ms / 1000.0
+            while time.perf_counter() < end:  # the step's work: the core busy, memory idle
+                pass
+            start = time.perf_counter()
+            functions[case]()
+            if call >= 20:
+                times[case].append(time.perf_counter() - start)
+    out.put({case: statistics.median(t) * 1000.0 for case, t in times.items()})
 
 
-def time_case(case: str, cores: list[int], gap_ms: float, calls: int) -> float:
-    """The median call of ``case`` in ms, the slower of two processes on ``cores`` (one for
-    ``update``)."""
+def time_round(cores: list[int], gap_ms: float, calls: int) -> dict[str, float]:
+    """Each case's median call in ms, the slower of two processes on ``cores``."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     key = f"sharded{os.getpid()}-{time.monotonic_ns()}"
-    count = 1 if case == "update" else 2
-    procs = [context.Process(target=_worker,
-                             args=(i, cores[i], key, case, gap_ms, calls, out))
-             for i in range(count)]
+    procs = [context.Process(target=_worker, args=(i, cores[i], key, gap_ms, calls, out))
+             for i in range(2)]
     for p in procs:
         p.start()
     try:
-        return max(float(out.get(timeout=300)) for _ in procs)
+        got = [out.get(timeout=600) for _ in procs]
+        return {case: max(float(g[case]) for g in got) for case in CASES}
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -105,9 +109,9 @@ def measure(rounds: int, calls: int, gap_ms: float) -> dict[str, Any]:
     if len(cores) < 2:
         raise SystemExit("bench.sharded_update needs two cores")
     runs: dict[str, list[float]] = {case: [] for case in CASES}
-    for round_ in range(rounds):
-        for case in in_round_order(list(CASES), round_):
-            runs[case].append(time_case(case, cores, gap_ms, calls))
+    for _ in range(rounds):
+        for case, ms in time_round(cores, gap_ms, calls).items():
+            runs[case].append(ms)
     medians = {case: statistics.median(v) for case, v in runs.items()}
     savings = [u - s for u, s in zip(runs["unsharded"], runs["sharded"], strict=True)]
     return {"cpu": cpu_description(), "rounds": rounds, "calls": calls, "gap_ms": gap_ms,
@@ -134,7 +138,7 @@ def report(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=200, help="calls of each case a round")
     parser.add_argument("--gap_ms", type=float, default=8.0,
                         help="busy work between calls: about one mlp step on one core")
     args = parser.parse_args()

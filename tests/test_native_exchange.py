@@ -207,3 +207,23 @@ def test_copies_of_the_source_share_one_build(tmp_path: Path,
     assert native.library_path() == here
     copy.write_bytes(copy.read_bytes() + b"\n")
     assert native.library_path() != here
+
+
+def test_each_kind_of_cpu_gets_its_own_build(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build for this CPU's instruction set (-march=native) may not run on another, so the
+    key holds the CPU's model and flags: nodes that share a home directory but not a CPU
+    each build their own."""
+    cpuinfo = tmp_path / "cpuinfo"
+    block = ("processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+             "model name\t: AMD EPYC\nflags\t\t: fpu sse2 {flags}\n\n")
+    cpuinfo.write_text(block.format(n=0, flags="avx2 avx512f")
+                       + block.format(n=1, flags="something else"))
+    kind = native.cpu_kind(cpuinfo)
+    assert kind.splitlines() == ["vendor_id: AuthenticAMD", "cpu family: 25", "model: 17",
+                                 "model name: AMD EPYC", "flags: fpu sse2 avx2 avx512f"]
+    assert native.cpu_kind(tmp_path / "missing") == ""
+    assert "-march=native" in native._command(tmp_path / "out.so")
+    here = native.library_path()
+    monkeypatch.setattr(native, "cpu_kind", lambda: kind)
+    assert native.library_path() != here

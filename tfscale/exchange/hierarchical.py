@@ -306,7 +306,7 @@ class HierarchicalAllReduce:
                 for o, t in zip(tf.nest.flatten(outs), tensors, strict=True)]
 
 
-def _native_segment(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
+def native_segment(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
                     ) -> tuple[Any, shared_memory.Segment] | None:
     """(op library, segment) for :mod:`tfscale.exchange.native`'s ops on ``values`` (tensors of
     one dtype); None where the ops cannot run them (one process, a dtype other than float32 and
@@ -326,7 +326,7 @@ def _native_segment(node: shared_memory.SharedMemoryGroup, values: Sequence[Any]
                                  tuple(tuple(v.shape) for v in values))
 
 
-def _segment_attrs(node: shared_memory.SharedMemoryGroup,
+def segment_attrs(node: shared_memory.SharedMemoryGroup,
                    segment: shared_memory.Segment) -> dict[str, Any]:
     """The attrs that place an op of :mod:`tfscale.exchange.native` on ``segment``."""
     return {"address": segment.address, "offsets": list(segment.offsets),
@@ -338,13 +338,13 @@ def native_all_reduce(node: shared_memory.SharedMemoryGroup, values: Sequence[An
                       divisor: int, copy: bool, name: str) -> list[Any] | None:
     """The node's all-reduce of ``values`` (tensors of one dtype) as
     :mod:`tfscale.exchange.native`'s op, on the segment that the Python calls would use; None
-    where the op cannot run it (:func:`_native_segment`)."""
-    found = _native_segment(node, values)
+    where the op cannot run it (:func:`native_segment`)."""
+    found = native_segment(node, values)
     if found is None:
         return None
     library, segment = found
     outs: list[Any] = library.tfscale_node_all_reduce(
-        values, divisor=divisor, views=not copy, name=name, **_segment_attrs(node, segment))
+        values, divisor=divisor, views=not copy, name=name, **segment_attrs(node, segment))
     return outs
 
 
@@ -375,9 +375,9 @@ class NativeNodePhases:
 def native_node_phases(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
                        name: str) -> NativeNodePhases | None:
     """:class:`NativeNodePhases` for ``values``, or None where the ops cannot run them
-    (:func:`_native_segment`)."""
-    found = _native_segment(node, values)
+    (:func:`native_segment`)."""
+    found = native_segment(node, values)
     if found is None:
         return None
     library, segment = found
-    return NativeNodePhases(library, _segment_attrs(node, segment), tuple(values), name)
+    return NativeNodePhases(library, segment_attrs(node, segment), tuple(values), name)

@@ -108,12 +108,12 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     """In a traced step: sums ``grads`` (this process's, one per variable, none missing) over
     the node's processes, divided by ``divisor``, and applies ``optimizer``'s momentum update
     with them, sharded; returns the op's output (the exchange's number, once the variables
-    hold the new weights: for timing), or None
-    where the op cannot take these gradients (sparse, of another dtype or of mixed dtypes, a
-    shape not known), for the caller's unsharded update."""
+    hold the new weights: for timing), or None where the op cannot take these gradients
+    (sparse, of another dtype or of mixed dtypes, a shape not known), for the caller's
+    unsharded update."""
     import tensorflow as tf
 
-    from tfscale.exchange.hierarchical import _native_segment, _segment_attrs
+    from tfscale.exchange.hierarchical import native_segment, segment_attrs
 
     node = reduce.node
     if (node is None or not grads or any(isinstance(g, tf.IndexedSlices) or g is None
@@ -123,7 +123,7 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     dtype = grads[0].dtype
     if any(g.dtype != dtype for g in grads) or any(v.dtype != dtype for v in variables):
         return None
-    found = _native_segment(node, grads)
+    found = native_segment(node, grads)
     if found is None:
         return None
     library, segment = found
@@ -133,7 +133,7 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     return library.tfscale_node_all_reduce_momentum(
         grads, [_handle(v) for v in variables], [_handle(m) for m in momentums],
         tf.cast(learning_rate, dtype), tf.cast(optimizer.momentum, dtype), divisor=divisor,
-        use_nesterov=bool(optimizer.nesterov), name=name, **_segment_attrs(node, segment))
+        use_nesterov=bool(optimizer.nesterov), name=name, **segment_attrs(node, segment))
 
 
 def _handle(variable: Any) -> Any:
