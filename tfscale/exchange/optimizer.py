@@ -136,11 +136,8 @@ def with_gradient_reduction(
         if self.__dict__.pop("_tfscale_shard_in", None) is tf.compat.v1.get_default_graph():
             assert shard is not None and sum_present is not None
             grads = list(grads)
-            started = timing.start(grads)
-            done = sharded_update.apply(self, shard, grads, list(trainable_variables),
-                                        learning_rate)
-            if done is not None:
-                timing.stop(started, [done])
+            if sharded_update.apply(self, shard, grads, list(trainable_variables),
+                                    learning_rate) is not None:
                 return None
             grads = sum_present(grads)  # gradients the op cannot take: the unsharded update
         return base._backend_update_step(self, grads, trainable_variables, learning_rate)

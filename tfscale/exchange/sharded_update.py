@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfscale.config.options import Option
-from tfscale.exchange import native
+from tfscale.exchange import native, timing
 
 if TYPE_CHECKING:
     import keras
@@ -108,9 +108,9 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     """In a traced step: sums ``grads`` (this process's, one per variable, none missing) over
     the node's processes, divided by ``divisor``, and applies ``optimizer``'s momentum update
     with them, sharded; returns the op's output (the exchange's number, once the variables
-    hold the new weights: for timing), or None where the op cannot take these gradients
-    (sparse, of another dtype or of mixed dtypes, a shape not known), for the caller's
-    unsharded update."""
+    hold the new weights), or None where the op cannot take these gradients (sparse, of
+    another dtype or of mixed dtypes, a shape not known), for the caller's unsharded update.
+    The op's time goes on the exchange clock (:mod:`tfscale.exchange.timing`, when enabled)."""
     import tensorflow as tf
 
     from tfscale.exchange.hierarchical import native_segment, segment_attrs
@@ -130,13 +130,17 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     momentums = [optimizer.momentums[optimizer._get_variable_index(v)] for v in variables]
     _record(optimizer, node, segment, momentums)
     name = f"{reduce.name}.{dtype.name}_sharded_momentum".replace(".", "_")
-    return library.tfscale_node_all_reduce_momentum(
-        grads, [_handle(v) for v in variables], [_handle(m) for m in momentums],
-        tf.cast(learning_rate, dtype), tf.cast(optimizer.momentum, dtype), divisor=divisor,
+    started = timing.start(grads)
+    done = library.tfscale_node_all_reduce_momentum(
+        grads, [resource_handle(v) for v in variables],
+        [resource_handle(m) for m in momentums], tf.cast(learning_rate, dtype),
+        tf.cast(optimizer.momentum, dtype), divisor=divisor,
         use_nesterov=bool(optimizer.nesterov), name=name, **segment_attrs(node, segment))
+    timing.stop(started, [done])
+    return done
 
 
-def _handle(variable: Any) -> Any:
+def resource_handle(variable: Any) -> Any:
     """The resource handle of a Keras or TensorFlow variable (under ``tf.distribute``, in a
     replica's context: that replica's copy)."""
     import keras

@@ -103,6 +103,8 @@ class Strategy(abc.ABC):
     ring_hop_transport: ClassVar[str] = "shared_memory"
     # What carries the gradients inside and across nodes, once set up (exchange() says it).
     exchange_plan: ExchangePlan | None = None
+    # How the optimizer's update is shared out, where it is (exchange() adds it), else "".
+    update_sharding: str = ""
 
     def __init__(self, config: TrainConfig | StrategySettings) -> None:
         self.config = self.settings(config)
@@ -258,7 +260,7 @@ class Strategy(abc.ABC):
         processes ("" for the others)."""
         if self.exchange_plan is None:
             return ""
-        sharded = getattr(self, "update_sharding", "")
+        sharded = self.update_sharding
         return self.exchange_plan.describe() + (f"; {sharded}" if sharded else "")
 
     def describe(self) -> str:

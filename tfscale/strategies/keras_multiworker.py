@@ -256,14 +256,10 @@ def sum_gradients_with(optimizer: keras.optimizers.Optimizer,
 
     def _backend_update_step(self: Any, grads: Any, trainable_variables: Any,
                              learning_rate: Any) -> Any:
-        if shard_update is not None and tf.distribute.get_replica_context() is not None:
-            grads = list(grads)
-            started = timing.start(grads)
-            done = sharded_update.apply(self, shard_update, grads, list(trainable_variables),
-                                        learning_rate)
-            if done is not None:
-                timing.stop(started, [done])
-                return None
+        if (shard_update is not None and tf.distribute.get_replica_context() is not None
+                and sharded_update.apply(self, shard_update, list(grads),
+                                         list(trainable_variables), learning_rate) is not None):
+            return None
         return base._backend_update_step(self, grads, trainable_variables, learning_rate)
 
     target.__class__ = type(base.__name__, (base,), {

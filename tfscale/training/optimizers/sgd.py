@@ -24,6 +24,8 @@ from typing import Any
 
 import keras
 
+from tfscale.exchange.sharded_update import resource_handle
+
 
 class SGD(keras.optimizers.SGD):
     """``keras.optimizers.SGD`` with the fused momentum update (see the module doc)."""
@@ -39,16 +41,10 @@ class SGD(keras.optimizers.SGD):
         # Under tf.distribute, inside the strategy's update of ``variable``: the momentum's
         # handle is that of the same device's copy.
         tf.raw_ops.ResourceApplyKerasMomentum(
-            var=_handle(variable), accum=_handle(momentum),
+            var=resource_handle(variable), accum=resource_handle(momentum),
             lr=tf.cast(learning_rate, tf.float32), grad=gradient,
             momentum=tf.cast(self.momentum, tf.float32), use_locking=False,
             use_nesterov=bool(self.nesterov))
-
-
-def _handle(variable: Any) -> Any:
-    if isinstance(variable, keras.Variable):
-        variable = variable.value  # the tf.Variable
-    return variable.handle
 
 
 # Keras' own update in one kernel: tfscale.exchange.sharded_update may shard it.
