@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tfscale.cli import command
 from tfscale.cluster.environment import tf_config_envs
 from tfscale.exchange.host_time import TRANSPORTS, seconds_per_call
 from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES, host_bytes
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"grpc and without --busy, not {args.transport}"
                      + (" --busy" if args.busy else ""))
     if args.worker:
+        command.import_tensorflow()
         print(json.dumps({"seconds_per_call": seconds_per_call(args.transport, args.nbytes,
                                                                args.calls)}))
         return 0
