@@ -71,12 +71,23 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
             steps.append(([w.numpy() for w in weights], [m.numpy() for m in optimizer.momentums],
                           [w.numpy() for w in expected],
                           [m.numpy() for m in reference.momentums]))
+        segment = group.segment(np.dtype(np.float32), tuple(SHAPES))
+        # Which variables keep their weights in the segment's weights region: a mark written
+        # there in this process's chunk shows in the variable (None: no part in the chunk).
+        kept = []
+        for w, s, offset in zip(weights, SHAPES, segment.offsets, strict=True):
+            mine = sharded_update.own_part(np.ones(s, np.float32), offset,
+                                           segment.chunk).astype(bool)
+            place = segment.weights[offset:offset + int(np.prod(s))].reshape(s)
+            saved = place[mine].copy()
+            place[mine] = 12345.0
+            kept.append(bool(np.all(w.numpy()[mine] == 12345.0)) if mine.any() else None)
+            place[mine] = saved
         sharded_update.gather_momentum(optimizer)
         gathered = [m.numpy() for m in optimizer.momentums]
-        segment = group.segment(np.dtype(np.float32), tuple(SHAPES))
         own = [sharded_update.own_part(np.ones(s, np.float32), offset, segment.chunk)
                for s, offset in zip(SHAPES, segment.offsets, strict=True)]
-        out[nesterov] = (why, sorted(kinds), steps, gathered, own, numbers)
+        out[nesterov] = (why, sorted(kinds), steps, gathered, own, numbers, kept)
     queue.put((index, out))
 
 
@@ -87,9 +98,12 @@ def test_each_process_updates_its_chunk_and_all_end_with_the_unsharded_weights(
     got = run_on_one_node(_process, size, tmp_path, timeout=180)
     assert sorted(got) == list(range(size))
     for index, (out,) in got.items():
-        for nesterov, (why, kinds, steps, gathered, own, numbers) in out.items():
+        for nesterov, (why, kinds, steps, gathered, own, numbers, kept) in out.items():
             label = f"process {index}, nesterov={nesterov}"
             assert why == "", why
+            # The first model's variables keep their weights in the segment; the second's,
+            # of the same shapes, find their places held and get the weights copied in.
+            assert set(kept) - {None} == {not nesterov}, (label, kept)
             # Numbered on from the calls before on the same segment (the first trace's).
             assert numbers == list(range(numbers[0], numbers[0] + STEPS)), numbers
             assert "TfscaleNodeAllReduceMomentum" in kinds

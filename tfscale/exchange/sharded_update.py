@@ -5,10 +5,15 @@ sum back from the segment and apply the whole update to every weight, as every o
 did too: ``p`` identical updates of the whole model per step. Here one op
 (``TfscaleNodeAllReduceMomentum``, :mod:`tfscale.exchange.native`) sums this process's chunk,
 applies Keras' momentum update to that chunk of the weights and of the momentum (the same
-arithmetic as ``ResourceApplyKerasMomentum``, element by element), leaves the chunk's new
-weights in the segment and copies the other chunks' new weights into its variables. Every
-process ends the step with the same weights, bit for bit, having read the sums of and updated
-``1 / p`` of them; the copy of the new weights replaces the read of the other chunks' sums.
+arithmetic as ``ResourceApplyKerasMomentum``, element by element) and writes the chunk's new
+weights to the segment's weights region. The variables keep their weights in that region:
+after the first step each variable's buffer is its place there, so every process's variables
+hold the node's one copy of the weights, each process updates its chunk in place, and nothing
+is copied back (a variable whose buffer was replaced since, by an assign or a copy made for a
+reader, is bound again at the end of the step). Every process ends the step with the same
+weights, bit for bit, having read the sums of and updated ``1 / p`` of them. TensorFlow never
+writes into the region itself: it does not count that memory as the variable's own, so
+assigns and in-place ops give the variable a buffer of its own first.
 
 The momentum is the state that is sharded: a process's momentum variables are up to date in
 its own chunk only. :func:`gather_momentum` (a collective) brings the other chunks in; the

@@ -15,6 +15,10 @@ every process of the node::
              buffers of distance 1, used by odd and even calls in turn, are also the results:
              process j adds the other parts of chunk j into the part that process j + 1 left
              there. Distances 2 .. L-1 have one buffer each.
+    weights  n values: the node's weights, where the sharded momentum update
+             (:mod:`tfscale.exchange.sharded_update`) leaves them and the processes'
+             variables keep them. A page of it takes memory only once written: none without
+             that update.
 
 In a buffer each tensor starts on a 64-byte boundary (the gaps stay zero), and ``n`` is a
 multiple of ``L`` aligned chunks. The tensors are copied straight from TensorFlow's gradients
@@ -125,9 +129,10 @@ class Segment:
                        for j in range(size)]
         self.chunk = self.chunks[index]
         header = len(_KINDS) * size * _LINE
-        data = length * dtype.itemsize
+        data = self.nbytes = length * dtype.itemsize  # a buffer's bytes
         count = 2 + max(size - 2, 0)
-        self._map = self._open(path, header + count * data, index)
+        self.weights_offset = header + count * data  # where the weights region starts
+        self._map = self._open(path, self.weights_offset + data, index)
         self.flags = {
             kind: np.ndarray((size,), np.int64, self._map, offset=k * size * _LINE,
                              strides=(_LINE,))
@@ -173,6 +178,12 @@ class Segment:
             return mmap.mmap(fd, total)
         finally:
             os.close(fd)
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The weights region, as the buffers lay out the tensors."""
+        return np.ndarray((self.length,), self.buffers.dtype, self._map,
+                          offset=self.weights_offset)
 
     @property
     def address(self) -> int:

@@ -23,11 +23,13 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -170,6 +172,12 @@ class SegmentKernel : public OpKernel {
   T* Buffer(int64_t distance, int64_t call) {
     const int64_t b = distance == 1 ? call % 2 : distance;
     return reinterpret_cast<T*>(base_ + kKinds * size_ * kLine) + b * length_;
+  }
+  // shared_memory.Segment.weights: the region after the buffers, where the sharded update
+  // leaves the node's weights (and its processes' variables keep them).
+  T* Weights() {
+    return reinterpret_cast<T*>(base_ + kKinds * size_ * kLine) + std::max<int64_t>(size_, 2) *
+                                                                       length_;
   }
 
   // fn(lo, hi, source) for each exchanged input's part of the buffer range [start, stop) (the
@@ -390,9 +398,15 @@ class NodeAllGather : public SegmentKernel<T> {
 // The node's all-reduce of gradients and the SGD momentum update that applies them, with the
 // update sharded (ZeRO's stage 1, inside a node): each process sums only its chunk, as in
 // NodeAllReduce, then applies Keras' momentum update to that chunk of the variables and of its
-// momentum (ResourceApplyKerasMomentum's arithmetic, element by element), and leaves the new
-// weights of the chunk in the results buffer; then it copies the other processes' chunks of
-// new weights into its variables. Every process ends with the same weights, having updated
+// momentum (ResourceApplyKerasMomentum's arithmetic, element by element), and writes the new
+// weights of the chunk to the segment's weights region. The variables keep their weights there:
+// once the region holds every chunk, each variable's buffer becomes its place in the region
+// (the region's memory, lent as a TensorBuffer), so the next call updates it in place and no
+// process copies the others' chunks in. A variable whose buffer was replaced since (an assign,
+// a copy made for a reader still holding the old values) is bound again at the end of the
+// call; one whose place is held by another variable of this process (a second model of the
+// same shapes on the segment) gets the new weights copied in, as before. Every process ends
+// with the same weights, having updated
 // 1 / size of them; the momentum is up to date only in this process's chunk (the others are
 // brought in by tfscale.exchange.sharded_update before anything reads them).
 //
@@ -437,6 +451,7 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
 
   Status Run(OpKernelContext* ctx, int64_t n, T lr, T momentum, Vars& vars) {
     std::vector<T*> weights(n), accums(n);
+    T* region = this->Weights();
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t which = 0; which < 2; ++which) {
         tensorflow::Var* var = vars[which * n + t].get();
@@ -447,7 +462,7 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
               this->name(), ": ", which ? "momentum" : "variable", " ", t,
               " is not initialised or does not match its gradient's dtype and size");
         }
-        TF_RETURN_IF_ERROR(Own(ctx, var));
+        TF_RETURN_IF_ERROR(Own(ctx, var, which ? nullptr : region + this->offsets_[t]));
         (which ? accums : weights)[t] = var->tensor()->template flat<T>().data();
       }
     }
@@ -463,23 +478,18 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
       for (int64_t b = lo; b < hi; b += kBlock) {  // a block's sum is still in the cache
         const int64_t e = std::min(b + kBlock, hi);
         this->Sum(b, e, mine + (b - offset), c, scale_);
-        Update(results + b, weights[t] + (b - offset), accums[t] + (b - offset), e - b, lr,
-               momentum);
+        Update(results + b, weights[t] + (b - offset), region + b, accums[t] + (b - offset),
+               e - b, lr, momentum);
       }
     }
     this->Publish(kReduced, c);
     TF_RETURN_IF_ERROR(this->Wait(kReduced, c, "update its chunk in exchange " +
                                                    std::to_string(c)));
-    for (int64_t t = 0; t < n; ++t) {  // the other chunks' new weights
-      const int64_t offset = this->offsets_[t];
-      const int64_t count = ctx->input(t).NumElements();
-      const int64_t lo = std::max(offset, start), hi = std::min(offset + count, stop);
-      if (lo >= hi) {
-        memcpy(weights[t], results + offset, count * sizeof(T));
-        continue;
-      }
-      memcpy(weights[t], results + offset, (lo - offset) * sizeof(T));
-      memcpy(weights[t] + (hi - offset), results + hi, (offset + count - hi) * sizeof(T));
+    for (int64_t t = 0; t < n; ++t) {  // the region holds every chunk's new weights
+      T* place = region + this->offsets_[t];
+      if (weights[t] == place) continue;
+      if (Bind(vars[t], place)) continue;
+      memcpy(weights[t], place, ctx->input(t).NumElements() * sizeof(T));
     }
     this->Publish(kGathered, c);
     Tensor* out = nullptr;
@@ -488,30 +498,65 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
     return Status();
   }
 
-  // ResourceApplyKerasMomentum on ``count`` elements, the gradient read from (and the new
-  // weight written to) ``total``: the same operations in the same order, none fused.
-  void Update(T* total, T* weight, T* accum, int64_t count, T lr, T momentum) const {
+  // ResourceApplyKerasMomentum on ``count`` elements, the gradient read from ``total``, the
+  // weight from ``weight`` and the new weight written to ``out`` (``weight`` itself once the
+  // variable is bound to the region): the same operations in the same order, none fused.
+  void Update(const T* total, const T* weight, T* out, T* accum, int64_t count, T lr,
+              T momentum) const {
     if (nesterov_) {
       for (int64_t k = 0; k < count; ++k) {
         const T g = total[k];
         const T m = accum[k] * momentum - g * lr;
         accum[k] = m;
-        total[k] = weight[k] = weight[k] + (m * momentum - g * lr);
+        out[k] = weight[k] + (m * momentum - g * lr);
       }
       return;
     }
     for (int64_t k = 0; k < count; ++k) {
       const T m = accum[k] * momentum - total[k] * lr;
       accum[k] = m;
-      total[k] = weight[k] = weight[k] + m;
+      out[k] = weight[k] + m;
     }
   }
 
-  // The variable's buffer made this op's own to write (a read that still holds it keeps the
-  // old values), as TensorFlow's training ops do before an update.
-  static Status Own(OpKernelContext* ctx, tensorflow::Var* var) {
+  // Makes ``place`` in the weights region ``var``'s buffer, unless another variable of this
+  // process holds it; the variable's old buffer is let go (readers that still hold it keep the
+  // values they read).
+  static bool Bind(tensorflow::core::RefCountPtr<tensorflow::Var>& var, T* place) {
+    {
+      static tensorflow::mutex mu(tensorflow::LINKER_INITIALIZED);
+      static auto* holders =
+          new std::map<const void*, tensorflow::core::RefCountPtr<tensorflow::Var>>();
+      tensorflow::mutex_lock lock(mu);
+      auto found = holders->find(place);
+      if (found == holders->end()) {
+        var->Ref();
+        holders->emplace(place, tensorflow::core::RefCountPtr<tensorflow::Var>(var.get()));
+      } else if (found->second.get() != var.get()) {
+        return false;
+      }
+    }
     Tensor* tensor = var->tensor();
-    if (!var->copy_on_read_mode.load() && tensor->RefCountIsOne()) return Status();
+    auto* buffer = new Borrowed(place, tensor->TotalBytes());
+    Tensor bound(tensor->dtype(), tensor->shape(), buffer);
+    buffer->Unref();
+    *tensor = bound;
+    return true;
+  }
+
+  // The variable's buffer made this op's own to write (a read that still holds it keeps the
+  // old values), as TensorFlow's training ops do before an update. A variable bound to its
+  // ``place`` in the weights region holds memory that the segment lends: TensorFlow never
+  // counts such a buffer as the tensor's own (so no op takes it over to write in), and it is
+  // this op's to write when nothing else holds it.
+  static Status Own(OpKernelContext* ctx, tensorflow::Var* var, const T* place) {
+    Tensor* tensor = var->tensor();
+    if (!var->copy_on_read_mode.load() &&
+        (tensor->RefCountIsOne() ||
+         (place != nullptr && tensor->data() == place &&
+          tensorflow::DMAHelper::buffer(tensor)->RefCountIsOne()))) {
+      return Status();
+    }
     Tensor copy;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(tensor->dtype(), tensor->shape(), &copy));
     memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
