@@ -21,10 +21,6 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfscale.cli.command import import_tensorflow  # noqa: E402
-
-import_tensorflow()  # Keras without matplotlib, as tfscale.train starts (0.5 s a process)
-
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 

@@ -20,10 +20,6 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfscale.cli.command import import_tensorflow  # noqa: E402
-
-import_tensorflow()  # Keras without matplotlib, as tfscale.train starts (0.5 s a process)
-
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
