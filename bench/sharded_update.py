@@ -9,7 +9,8 @@ busy work between calls (as training leaves it), on ``mlp``'s 9.4 MB of float32 
   a sum, views of the results) and then the fused SGD update of every weight, as each worker
   ran its step before :mod:`tfscale.exchange.sharded_update`;
 - ``sharded``: the one op that sums this process's chunk, updates that chunk of the weights and
-  momentum and copies in the other chunk's new weights (``tfscale.train``'s default now);
+  momentum in the segment's weights region, where the variables keep the weights
+  (``tfscale.train``'s default now);
 - ``update``: the fused update of every weight, no exchange, in both processes at once (what
   one process's step spends on it, beside a twin).
 
