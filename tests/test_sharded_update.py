@@ -39,7 +39,8 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
 
     group = SharedMemoryGroup("sharded", index, size, timeout_s=60, directory=Path(directory))
     reduce = HierarchicalAllReduce.on_one_node(group)
-    out = {}
+    out: dict[Any, Any] = {}
+    models = []
     for nesterov in (False, True):
         weights = [tf.Variable(w) for w in _start(SHAPES)]
         expected = [tf.Variable(w) for w in _start(SHAPES)]
@@ -71,9 +72,14 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
             steps.append(([w.numpy() for w in weights], [m.numpy() for m in optimizer.momentums],
                           [w.numpy() for w in expected],
                           [m.numpy() for m in reference.momentums]))
-        segment = group.segment(np.dtype(np.float32), tuple(SHAPES))
+        models.append((optimizer, weights, step))
+        # The op's segment, the optimizer's own.
+        segment = group.segment(np.dtype(np.float32), tuple(SHAPES),
+                                optimizer._tfscale_weights_owner)
         # Which variables keep their weights in the segment's weights region: a mark written
         # there in this process's chunk shows in the variable (None: no part in the chunk).
+        # The region is every process's: marked only once all have read their weights.
+        group.gather(np.zeros(1, np.float32))
         kept = []
         for w, s, offset in zip(weights, SHAPES, segment.offsets, strict=True):
             mine = sharded_update.own_part(np.ones(s, np.float32), offset,
@@ -83,11 +89,29 @@ def _process(index: int, size: int, directory: str, queue: Any) -> None:
             place[mine] = 12345.0
             kept.append(bool(np.all(w.numpy()[mine] == 12345.0)) if mine.any() else None)
             place[mine] = saved
+        group.gather(np.zeros(1, np.float32))
         sharded_update.gather_momentum(optimizer)
         gathered = [m.numpy() for m in optimizer.momentums]
         own = [sharded_update.own_part(np.ones(s, np.float32), offset, segment.chunk)
                for s, offset in zip(SHAPES, segment.offsets, strict=True)]
         out[nesterov] = (why, sorted(kinds), steps, gathered, own, numbers, kept)
+    # Two models on one weights region would change each other's weights: an optimizer made to
+    # share the first one's segment is refused before anything is written.
+    first, first_weights, _ = models[0]
+    before = [w.numpy() for w in first_weights]
+    intruder_weights = [tf.Variable(w) for w in _start(SHAPES)]
+    intruder = SGD(learning_rate=0.05, momentum=0.9)
+    intruder.build(intruder_weights)
+    intruder._tfscale_weights_owner = first._tfscale_weights_owner
+    try:
+        tf.function(autograph=False)(lambda grads: sharded_update.apply(
+            intruder, reduce, grads, intruder_weights, intruder.learning_rate))(
+            [tf.constant(g) for g in _gradients(index, 0)])
+        refused = ""
+    except tf.errors.FailedPreconditionError as err:
+        refused = err.message
+    out["intruder"] = (refused, all(np.array_equal(b, w.numpy())
+                                    for b, w in zip(before, first_weights, strict=True)))
     queue.put((index, out))
 
 
@@ -98,12 +122,14 @@ def test_each_process_updates_its_chunk_and_all_end_with_the_unsharded_weights(
     got = run_on_one_node(_process, size, tmp_path, timeout=180)
     assert sorted(got) == list(range(size))
     for index, (out,) in got.items():
+        refused, untouched = out.pop("intruder")
+        assert "place in the segment's weights region is another variable's" in refused, refused
+        assert untouched, f"process {index}: the refused call changed the first model's weights"
         for nesterov, (why, kinds, steps, gathered, own, numbers, kept) in out.items():
             label = f"process {index}, nesterov={nesterov}"
             assert why == "", why
-            # The first model's variables keep their weights in the segment; the second's,
-            # of the same shapes, find their places held and get the weights copied in.
-            assert set(kept) - {None} == {not nesterov}, (label, kept)
+            # Each model's variables keep their weights in its own segment's weights region.
+            assert set(kept) - {None} == {True}, (label, kept)
             # Numbered on from the calls before on the same segment (the first trace's).
             assert numbers == list(range(numbers[0], numbers[0] + STEPS)), numbers
             assert "TfscaleNodeAllReduceMomentum" in kinds

@@ -81,7 +81,8 @@ class Counts:
     def count_allreduces(self, strategy) -> None:  # type: ignore[no-untyped-def]
         """Counts the gradient all-reduces: Horovod's grouped ones, or the shared-memory
         exchange's: its op's (a counter the step increments beside it) or, where the exchange
-        runs in tf.numpy_function, its NumPy function's (which runs once per execution)."""
+        runs in tf.numpy_function, its NumPy function's (which runs once per execution); and
+        the sharded momentum's gathers."""
         node = getattr(getattr(strategy, "reduce", None), "node", None)
         if node is not None:
             from tfscale.exchange import hierarchical, sharded_update
@@ -97,6 +98,14 @@ class Counts:
                 return done
 
             sharded_update.apply = counted_sharded
+            gather = sharded_update.gather_momentum
+
+            def counted_gather(optimizer):  # type: ignore[no-untyped-def]
+                # One exchange on each segment that a step sharded the momentum on.
+                self.exchanges += len(getattr(optimizer, "_tfscale_sharded_momentum", {}))
+                return gather(optimizer)
+
+            sharded_update.gather_momentum = counted_gather
 
             exchange, native = node.all_reduce, hierarchical.native_all_reduce
 

@@ -307,12 +307,12 @@ class HierarchicalAllReduce:
 
 
 def native_segment(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
-                    ) -> tuple[Any, shared_memory.Segment] | None:
+                   owner: str = "") -> tuple[Any, shared_memory.Segment] | None:
     """(op library, segment) for :mod:`tfscale.exchange.native`'s ops on ``values`` (tensors of
     one dtype); None where the ops cannot run them (one process, a dtype other than float32 and
     float64, a shape not known when traced, or no op library), for ``tf.numpy_function`` to
     run the same exchange. The segment is made when the step is traced, which every process
-    of the node does."""
+    of the node does. ``owner``: a segment of its own (:meth:`SharedMemoryGroup.segment`)."""
     import tensorflow as tf
 
     dtype = values[0].dtype
@@ -323,7 +323,7 @@ def native_segment(node: shared_memory.SharedMemoryGroup, values: Sequence[Any],
     if library is None:
         return None
     return library, node.segment(np.dtype(dtype.as_numpy_dtype),
-                                 tuple(tuple(v.shape) for v in values))
+                                 tuple(tuple(v.shape) for v in values), owner)
 
 
 def segment_attrs(node: shared_memory.SharedMemoryGroup,

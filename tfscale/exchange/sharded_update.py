@@ -10,7 +10,9 @@ weights to the segment's weights region. The variables keep their weights in tha
 after the first step each variable's buffer is its place there, so every process's variables
 hold the node's one copy of the weights, each process updates its chunk in place, and nothing
 is copied back (a variable whose buffer was replaced since, by an assign or a copy made for a
-reader, is bound again at the end of the step). Every process ends the step with the same
+reader, is bound again at the end of the step). Each optimizer has a segment of its own, so
+two models never share a weights region (the op refuses a variable whose place another holds,
+before it writes anything). Every process ends the step with the same
 weights, bit for bit, having read the sums of and updated ``1 / p`` of them. TensorFlow never
 writes into the region itself: it does not count that memory as the variable's own, so
 assigns and in-place ops give the variable a buffer of its own first.
@@ -32,6 +34,7 @@ before.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -128,7 +131,10 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     dtype = grads[0].dtype
     if any(g.dtype != dtype for g in grads) or any(v.dtype != dtype for v in variables):
         return None
-    found = native_segment(node, grads)
+    # A segment of the optimizer's own: its weights region holds this model's weights. The
+    # k-th optimizer that a process shards gets the k-th, as on every process of the node.
+    owner = optimizer.__dict__.setdefault("_tfscale_weights_owner", f"weights{next(_OWNERS)}")
+    found = native_segment(node, grads, owner)
     if found is None:
         return None
     library, segment = found
@@ -155,6 +161,9 @@ def resource_handle(variable: Any) -> Any:
     return variable.handle
 
 
+_OWNERS = itertools.count()
+
+
 def _record(optimizer: Any, node: Any, segment: Any, momentums: list[Any]) -> None:
     """Keeps, on the optimizer, which momentum variables a traced step shards on which
     segment, for :func:`gather_momentum`."""
@@ -172,13 +181,14 @@ def gather_momentum(optimizer: keras.optimizers.Optimizer) -> None:
     variables, so that they hold the whole momentum, as an unsharded update would have left
     them; nothing where no step sharded it. A collective: every process of the node calls it
     between the same steps (the checkpoint callback does, before saving)."""
-    for node, segment, momentums in getattr(optimizer, "_tfscale_sharded_momentum",
+    for _node, segment, momentums in getattr(optimizer, "_tfscale_sharded_momentum",
                                             {}).values():
         mine = [own_part(np.asarray(m.numpy()), offset, segment.chunk)
                 for m, offset in zip(momentums, segment.offsets, strict=True)]
         # Each element is this process's in one process and zero in the others: adding
-        # zeros is exact.
-        for m, whole in zip(momentums, node.all_reduce(*mine), strict=True):
+        # zeros is exact. On the op's own segment (its buffers, not its weights region).
+        segment.reduce_scatter(mine)
+        for m, whole in zip(momentums, segment.all_gather(1), strict=True):
             m.assign(whole)
 
 

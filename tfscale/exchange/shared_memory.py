@@ -316,7 +316,7 @@ class SharedMemoryGroup:
         self.key, self.index, self.size, self.timeout_s = key, index, size, timeout_s
         self.ranks = tuple(ranks) or tuple(range(size))
         self.directory = directory
-        self._segments: dict[tuple[str, tuple[tuple[int, ...], ...]], Segment] = {}
+        self._segments: dict[tuple[object, ...], Segment] = {}
         self._last: Segment | None = None
 
     def _segment(self, tensors: Sequence[np.ndarray]) -> Segment:
@@ -326,11 +326,14 @@ class SharedMemoryGroup:
                              f"{sorted({t.dtype.name for t in tensors})}")
         return self.segment(dtype, tuple(tuple(t.shape) for t in tensors))
 
-    def segment(self, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> Segment:
+    def segment(self, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                owner: str = "") -> Segment:
         """The segment for calls on tensors of ``shapes`` and ``dtype``, made and mapped by
-        every process of the node on first use (each waits for the others there)."""
+        every process of the node on first use (each waits for the others there). An
+        ``owner`` (the same on every process) gets a segment of its own: the sharded update
+        keeps one model's weights in its segment's weights region."""
         dtype = np.dtype(dtype)
-        key = (dtype.name, shapes)
+        key = (dtype.name, shapes, owner) if owner else (dtype.name, shapes)
         if key not in self._segments:
             # Named by what it carries, not by the order of first use (the native op's segment
             # is made when the step is traced): a process that came to its segments in another

@@ -404,8 +404,9 @@ class NodeAllGather : public SegmentKernel<T> {
 // (the region's memory, lent as a TensorBuffer), so the next call updates it in place and no
 // process copies the others' chunks in. A variable whose buffer was replaced since (an assign,
 // a copy made for a reader still holding the old values) is bound again at the end of the
-// call; one whose place is held by another variable of this process (a second model of the
-// same shapes on the segment) gets the new weights copied in, as before. Every process ends
+// call. A place that another variable of this process holds is an error: each optimizer has a
+// segment of its own (tfscale.exchange.sharded_update), so two models never share a region,
+// whose writes would change both. Every process ends
 // with the same weights, having updated
 // 1 / size of them; the momentum is up to date only in this process's chunk (the others are
 // brought in by tfscale.exchange.sharded_update before anything reads them).
@@ -466,6 +467,14 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
         (which ? accums : weights)[t] = var->tensor()->template flat<T>().data();
       }
     }
+    for (int64_t t = 0; t < n; ++t) {  // checked before anything is written
+      if (!Free(vars[t].get(), region + this->offsets_[t])) {
+        return tensorflow::errors::FailedPrecondition(
+            this->name(), ": variable ", t, "'s place in the segment's weights region is ",
+            "another variable's (each optimizer's sharded update has a segment of its own; ",
+            "tfscale.exchange.sharded_update)");
+      }
+    }
     const int64_t c = this->Call();
     TF_RETURN_IF_ERROR(this->ScatterParts(ctx, c));
     T* results = this->Buffer(1, c);
@@ -487,9 +496,7 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
                                                    std::to_string(c)));
     for (int64_t t = 0; t < n; ++t) {  // the region holds every chunk's new weights
       T* place = region + this->offsets_[t];
-      if (weights[t] == place) continue;
-      if (Bind(vars[t], place)) continue;
-      memcpy(weights[t], place, ctx->input(t).NumElements() * sizeof(T));
+      if (weights[t] != place) Bind(vars[t], place);
     }
     this->Publish(kGathered, c);
     Tensor* out = nullptr;
@@ -519,21 +526,36 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
     }
   }
 
-  // Makes ``place`` in the weights region ``var``'s buffer, unless another variable of this
-  // process holds it; the variable's old buffer is let go (readers that still hold it keep the
-  // values they read).
-  static bool Bind(tensorflow::core::RefCountPtr<tensorflow::Var>& var, T* place) {
+  // The variables of this process bound to places in weights regions (kept alive: the
+  // region still holds their weights).
+  using Holders = std::map<const void*, tensorflow::core::RefCountPtr<tensorflow::Var>>;
+  static Holders& HoldersLocked(tensorflow::mutex_lock&) {
+    static auto* holders = new Holders();
+    return *holders;
+  }
+  static tensorflow::mutex& HoldersMutex() {
+    static tensorflow::mutex mu(tensorflow::LINKER_INITIALIZED);
+    return mu;
+  }
+
+  // Whether ``place`` in a weights region is free for ``var``: no other variable holds it.
+  static bool Free(tensorflow::Var* var, const T* place) {
+    tensorflow::mutex_lock lock(HoldersMutex());
+    const Holders& holders = HoldersLocked(lock);
+    auto found = holders.find(place);
+    return found == holders.end() || found->second.get() == var;
+  }
+
+  // Makes ``place`` in the weights region ``var``'s buffer (a place that Free found free);
+  // the variable's old buffer is let go (readers that still hold it keep the values they
+  // read).
+  static void Bind(tensorflow::core::RefCountPtr<tensorflow::Var>& var, T* place) {
     {
-      static tensorflow::mutex mu(tensorflow::LINKER_INITIALIZED);
-      static auto* holders =
-          new std::map<const void*, tensorflow::core::RefCountPtr<tensorflow::Var>>();
-      tensorflow::mutex_lock lock(mu);
-      auto found = holders->find(place);
-      if (found == holders->end()) {
+      tensorflow::mutex_lock lock(HoldersMutex());
+      Holders& holders = HoldersLocked(lock);
+      if (holders.find(place) == holders.end()) {
         var->Ref();
-        holders->emplace(place, tensorflow::core::RefCountPtr<tensorflow::Var>(var.get()));
-      } else if (found->second.get() != var.get()) {
-        return false;
+        holders.emplace(place, tensorflow::core::RefCountPtr<tensorflow::Var>(var.get()));
       }
     }
     Tensor* tensor = var->tensor();
@@ -541,7 +563,6 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
     Tensor bound(tensor->dtype(), tensor->shape(), buffer);
     buffer->Unref();
     *tensor = bound;
-    return true;
   }
 
   // The variable's buffer made this op's own to write (a read that still holds it keeps the
