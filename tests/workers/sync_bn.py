@@ -33,10 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfscale.cli.command import import_tensorflow  # noqa: E402
 
-# Keras without matplotlib, as tfscale.train starts (0.5-1 s a process). The workers that
-# stand for users' scripts (bn_script, ddl_fit, hvd_keras_fit, mwms_fit, prepare_script)
-# import TensorFlow as a user's script does.
-import_tensorflow()
+import_tensorflow()  # Keras without matplotlib (tests/workers/__init__.py)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -12,8 +12,8 @@ hold the node's one copy of the weights, each process updates its chunk in place
 is copied back (a variable whose buffer was replaced since, by an assign or a copy made for a
 reader, is bound again at the end of the step). Each optimizer has a segment of its own, so
 two models never share a weights region (the op refuses a variable whose place another holds,
-before it writes anything). Every process ends the step with the same
-weights, bit for bit, having read the sums of and updated ``1 / p`` of them. TensorFlow never
+before it writes anything). Every process ends the step with the same weights, bit for bit,
+having read the sums of and updated ``1 / p`` of them. TensorFlow never
 writes into the region itself: it does not count that memory as the variable's own, so
 assigns and in-place ops give the variable a buffer of its own first.
 
@@ -139,7 +139,7 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
         return None
     library, segment = found
     momentums = [optimizer.momentums[optimizer._get_variable_index(v)] for v in variables]
-    _record(optimizer, node, segment, momentums)
+    _record(optimizer, segment, momentums)
     name = f"{reduce.name}.{dtype.name}_sharded_momentum".replace(".", "_")
     started = timing.start(grads)
     done = library.tfscale_node_all_reduce_momentum(
@@ -164,11 +164,11 @@ def resource_handle(variable: Any) -> Any:
 _OWNERS = itertools.count()
 
 
-def _record(optimizer: Any, node: Any, segment: Any, momentums: list[Any]) -> None:
+def _record(optimizer: Any, segment: Any, momentums: list[Any]) -> None:
     """Keeps, on the optimizer, which momentum variables a traced step shards on which
     segment, for :func:`gather_momentum`."""
     shards = optimizer.__dict__.setdefault("_tfscale_sharded_momentum", {})
-    shards[tuple(id(m) for m in momentums)] = (node, segment, momentums)
+    shards[tuple(id(m) for m in momentums)] = (segment, momentums)
 
 
 def sharded(optimizer: keras.optimizers.Optimizer) -> bool:
@@ -181,8 +181,7 @@ def gather_momentum(optimizer: keras.optimizers.Optimizer) -> None:
     variables, so that they hold the whole momentum, as an unsharded update would have left
     them; nothing where no step sharded it. A collective: every process of the node calls it
     between the same steps (the checkpoint callback does, before saving)."""
-    for _node, segment, momentums in getattr(optimizer, "_tfscale_sharded_momentum",
-                                            {}).values():
+    for segment, momentums in getattr(optimizer, "_tfscale_sharded_momentum", {}).values():
         mine = [own_part(np.asarray(m.numpy()), offset, segment.chunk)
                 for m, offset in zip(momentums, segment.offsets, strict=True)]
         # Each element is this process's in one process and zero in the others: adding

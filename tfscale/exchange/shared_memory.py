@@ -129,7 +129,7 @@ class Segment:
                        for j in range(size)]
         self.chunk = self.chunks[index]
         header = len(_KINDS) * size * _LINE
-        data = self.nbytes = length * dtype.itemsize  # a buffer's bytes
+        data = length * dtype.itemsize
         count = 2 + max(size - 2, 0)
         self.weights_offset = header + count * data  # where the weights region starts
         self._map = self._open(path, self.weights_offset + data, index)

@@ -406,8 +406,7 @@ class NodeAllGather : public SegmentKernel<T> {
 // a copy made for a reader still holding the old values) is bound again at the end of the
 // call. A place that another variable of this process holds is an error: each optimizer has a
 // segment of its own (tfscale.exchange.sharded_update), so two models never share a region,
-// whose writes would change both. Every process ends
-// with the same weights, having updated
+// whose writes would change both. Every process ends with the same weights, having updated
 // 1 / size of them; the momentum is up to date only in this process's chunk (the others are
 // brought in by tfscale.exchange.sharded_update before anything reads them).
 //
@@ -467,8 +466,9 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
         (which ? accums : weights)[t] = var->tensor()->template flat<T>().data();
       }
     }
-    for (int64_t t = 0; t < n; ++t) {  // checked before anything is written
-      if (!Free(vars[t].get(), region + this->offsets_[t])) {
+    for (int64_t t = 0; t < n; ++t) {  // an unbound variable's place, before anything is written
+      T* place = region + this->offsets_[t];
+      if (weights[t] != place && !Free(vars[t].get(), place)) {
         return tensorflow::errors::FailedPrecondition(
             this->name(), ": variable ", t, "'s place in the segment's weights region is ",
             "another variable's (each optimizer's sharded update has a segment of its own; ",
@@ -528,22 +528,21 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
 
   // The variables of this process bound to places in weights regions (kept alive: the
   // region still holds their weights).
-  using Holders = std::map<const void*, tensorflow::core::RefCountPtr<tensorflow::Var>>;
-  static Holders& HoldersLocked(tensorflow::mutex_lock&) {
+  struct Holders {
+    tensorflow::mutex mu;
+    std::map<const void*, tensorflow::core::RefCountPtr<tensorflow::Var>> at;
+  };
+  static Holders& Bound() {
     static auto* holders = new Holders();
     return *holders;
-  }
-  static tensorflow::mutex& HoldersMutex() {
-    static tensorflow::mutex mu(tensorflow::LINKER_INITIALIZED);
-    return mu;
   }
 
   // Whether ``place`` in a weights region is free for ``var``: no other variable holds it.
   static bool Free(tensorflow::Var* var, const T* place) {
-    tensorflow::mutex_lock lock(HoldersMutex());
-    const Holders& holders = HoldersLocked(lock);
-    auto found = holders.find(place);
-    return found == holders.end() || found->second.get() == var;
+    Holders& holders = Bound();
+    tensorflow::mutex_lock lock(holders.mu);
+    auto found = holders.at.find(place);
+    return found == holders.at.end() || found->second.get() == var;
   }
 
   // Makes ``place`` in the weights region ``var``'s buffer (a place that Free found free);
@@ -551,11 +550,11 @@ class NodeAllReduceMomentum : public SegmentKernel<T> {
   // read).
   static void Bind(tensorflow::core::RefCountPtr<tensorflow::Var>& var, T* place) {
     {
-      tensorflow::mutex_lock lock(HoldersMutex());
-      Holders& holders = HoldersLocked(lock);
-      if (holders.find(place) == holders.end()) {
+      Holders& holders = Bound();
+      tensorflow::mutex_lock lock(holders.mu);
+      if (holders.at.find(place) == holders.at.end()) {
         var->Ref();
-        holders.emplace(place, tensorflow::core::RefCountPtr<tensorflow::Var>(var.get()));
+        holders.at.emplace(place, tensorflow::core::RefCountPtr<tensorflow::Var>(var.get()));
       }
     }
     Tensor* tensor = var->tensor();
