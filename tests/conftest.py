@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,29 @@ def run_on_one_node(target: Callable[..., None], size: int, directory: Path,
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``tmpfs(size)`` mounts a tmpfs of ``size`` ("1m") in ``tmp_path`` and returns it: a
+    ``/dev/shm`` too small for some segments. Unmounted after the test; mounting needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        directory = tmp_path / f"tmpfs{len(mounted)}"
+        directory.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                       check=True)
+        mounted.append(directory)
+        return directory
+
+    try:
+        yield mount
+    finally:
+        for directory in mounted:
+            subprocess.run(["umount", "--lazy", str(directory)], check=False)
 
 
 def run_train(*flags: str, timeout: float = 240,

@@ -5,6 +5,7 @@ the whole momentum; and which optimizers and exchanges it applies to."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,45 @@ def test_each_process_updates_its_chunk_and_all_end_with_the_unsharded_weights(
             assert min(shares) > 0 and sum(shares) == sum(int(np.prod(s)) for s in SHAPES)
             for k, (m, e) in enumerate(zip(gathered, steps[-1][3], strict=True)):
                 np.testing.assert_array_equal(m, e, err_msg=f"{label}, gathered momentum {k}")
+
+
+def _short_of_room(index: int, size: int, directory: str, queue: Any) -> None:
+    import contextlib
+    import io
+
+    import tensorflow as tf
+
+    from tfscale.exchange.hierarchical import HierarchicalAllReduce, native_all_reduce
+    from tfscale.training.optimizers.sgd import SGD
+
+    group = SharedMemoryGroup("short", index, size, timeout_s=60, directory=Path(directory))
+    reduce = HierarchicalAllReduce.on_one_node(group)
+    weights = [tf.Variable(w) for w in _start(SHAPES)]
+    optimizer = SGD(learning_rate=0.05, momentum=0.9)
+    optimizer.build(weights)
+    grads = [tf.constant(g) for g in _gradients(index, 0)]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        # Refused once, with a line that says why; then not tried again.
+        done = [sharded_update.apply(optimizer, reduce, grads, weights, optimizer.learning_rate)
+                for _ in range(2)]
+    # The exchange without the weights region fits, and sums.
+    sums = native_all_reduce(group, grads, divisor=1, copy=True, name="plain")
+    queue.put((index, done, printed.getvalue(), [s.numpy() for s in sums]))
+
+
+def test_a_weights_region_that_shared_memory_cannot_hold_leaves_the_whole_update(
+        tmpfs: Callable[[str], Path]) -> None:
+    # The gradients take 0.8 MiB a buffer: two fit in 2 MiB, three do not.
+    got = run_on_one_node(_short_of_room, 2, tmpfs("2m"), timeout=180)
+    for done, printed, sums in got.values():
+        assert done == [None, None], done
+        assert printed.count("\n") == 1 and printed.startswith(
+            "SGD's momentum update not sharded: "), printed
+        assert "needs 2.4 MiB: 2 buffers and a weights region of 0.8 MiB" in printed, printed
+        assert printed.endswith("Every worker applies the whole update.\n"), printed
+        for k, total in enumerate(sums):
+            np.testing.assert_array_equal(total, _gradients(0, 0)[k] + _gradients(1, 0)[k])
 
 
 def test_only_sgds_own_momentum_update_with_nothing_in_between_is_sharded() -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +16,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_on_one_node
-from tfscale.config.errors import describe_peer_failure
+from tfscale.config.errors import describe_peer_failure, describe_wrapped_usage_error
 from tfscale.exchange import shared_memory
 from tfscale.exchange.hierarchical import HierarchicalAllReduce, open_shared_memory
-from tfscale.exchange.shared_memory import PeerTimeout, SharedMemoryGroup
+from tfscale.exchange.shared_memory import PeerTimeout, SharedMemoryFull, SharedMemoryGroup
 from tfscale.exchange.topology import Topology
 
 # Calls of several tensors of one dtype, in shapes that do not fill whole cache lines: a scalar,
@@ -105,6 +108,52 @@ def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
     for i in range(size):
         for mapped, length, dtype in results[i][2][1]:
             assert mapped == header + (max(size, 2) + 1) * length * np.dtype(dtype).itemsize
+
+
+def _short_of_room(index: int, size: int, directory: str, queue: Any) -> None:
+    exchange = SharedMemoryGroup("short", index, size, timeout_s=60, directory=Path(directory))
+    shapes = ((100_000,),)  # 400 kB a buffer: two fit in 1 MiB, three do not
+    errors = []
+    # The sharded update's segment reserves its weights region too: three buffers. Asked
+    # again, it is refused again, without another file.
+    for _ in range(2):
+        try:
+            exchange.segment(np.dtype(np.float32), shapes, owner="weights0")
+        except SharedMemoryFull as err:
+            errors.append(str(err))
+    free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+    # The plain exchange of the same tensors needs two, and its weights region is never
+    # written: it fits, and sums.
+    total = exchange.all_reduce(np.full(shapes[0], index + 1.0, np.float32))[0]
+    left = sorted(p.name for p in Path(directory).iterdir())
+    queue.put((index, errors, free, float(total.min()), float(total.max()), left))
+
+
+def test_a_segment_that_the_directory_cannot_hold_is_refused_on_every_process(
+        tmpfs: Callable[[str], Path]) -> None:
+    small_shm = tmpfs("1m")
+    results = run_on_one_node(_short_of_room, 2, small_shm)
+    for index in range(2):
+        errors, free, low, high, left = results[index]
+        assert len(errors) == 2 and errors[0] == errors[1], errors
+        # The same words on both processes: the directory, its room, what was needed and why.
+        assert errors[0] == results[0][0][0]
+        assert re.fullmatch(
+            rf"{small_shm} has \d+\.\d MiB free of 1\.0 MiB, and the exchange of this node's 2 "
+            r"processes through it needs 1\.1 MiB: 2 buffers and a weights region of 0\.4 MiB "
+            r"\(float32 gradients of 1 tensors\)\. Give the node more shared memory \(a "
+            rf"container's --shm-size, or a larger tmpfs on {small_shm}\), or take the node's "
+            r"exchange off it with --node_exchange=collectives", errors[0]), errors[0]
+        # What was reserved before the room ran out was given back, and nothing is left.
+        assert free > 1.0 * 2**20 - 64 * 1024, free
+        assert (low, high) == (3.0, 3.0) and left == []
+    # Not a lost peer; raised inside tf.numpy_function, it reaches tfscale.train in the text of
+    # TensorFlow's error, and is still told as itself (exit code 2).
+    message = results[0][0][0]
+    assert describe_peer_failure(SharedMemoryFull(message)) is None
+    wrapped = (f"Traceback (most recent call last):\n  ...\ntfscale.exchange.shared_memory."
+               f"SharedMemoryFull: {message}\n\n\n\t [[{{{{node tfscale_allreduce}}}}]]")
+    assert describe_wrapped_usage_error(RuntimeError(wrapped)) == message
 
 
 def test_host_all_reduce_takes_shared_memory_only_when_the_job_is_one_node(

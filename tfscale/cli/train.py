@@ -45,6 +45,7 @@ from tfscale.config.errors import (  # noqa: E402
     EXIT_USAGE,
     TrainingStopped,
     describe_peer_failure,
+    describe_wrapped_usage_error,
 )
 from tfscale.training import resume as config_change  # noqa: E402
 
@@ -94,6 +95,10 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except Exception as err:
+        usage = describe_wrapped_usage_error(err)
+        if usage is not None:
+            print(f"error: {usage}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
         peer = describe_peer_failure(err)
         if peer is None:
             raise

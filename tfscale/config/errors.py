@@ -78,6 +78,18 @@ def report_script_usage_errors() -> None:
     sys.excepthook = hook
 
 
+# A usage error raised in Python inside a TensorFlow op (``tf.numpy_function``), which TensorFlow
+# reports as its own error with the Python one's name and message in its text.
+_WRAPPED_USAGE = re.compile(r"^(?:\w+\.)*(SharedMemoryFull): (.+)$", re.MULTILINE)
+
+
+def describe_wrapped_usage_error(err: BaseException) -> str | None:
+    """The message of a usage error that ``err`` (a TensorFlow error) carries from Python code
+    run inside an op, such as a ``/dev/shm`` too small for the exchange, else None."""
+    found = _WRAPPED_USAGE.search(str(err))
+    return found.group(2).strip() if found else None
+
+
 def describe_peer_failure(err: BaseException) -> str | None:
     """A one-line account of ``err`` when it means a peer worker died or stalled, else None."""
     text = str(err)

@@ -29,7 +29,7 @@ same update) and nothing between the gradients and the update: no clipping, weig
 moving average of the weights, gradient accumulation or loss scaling, each of which needs
 every gradient or weight; and to dense float32 or float64 gradients exchanged wholly through
 one node's shared-memory segment by the native op. Elsewhere the update is unsharded, as
-before.
+before; so it is where ``/dev/shm`` has no room for the weights region (one line says so).
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tfscale.cluster import rank_zero
 from tfscale.config.options import Option
 from tfscale.exchange import native, timing
+from tfscale.exchange.shared_memory import SharedMemoryFull
 
 if TYPE_CHECKING:
     import keras
@@ -124,8 +126,8 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     from tfscale.exchange.hierarchical import native_segment, segment_attrs
 
     node = reduce.node
-    if (node is None or not grads or any(isinstance(g, tf.IndexedSlices) or g is None
-                                        for g in grads)):
+    if (node is None or not grads or optimizer.__dict__.get("_tfscale_weights_refused")
+            or any(isinstance(g, tf.IndexedSlices) or g is None for g in grads)):
         return None
     grads = [tf.convert_to_tensor(g) for g in grads]
     dtype = grads[0].dtype
@@ -134,7 +136,15 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     # A segment of the optimizer's own: its weights region holds this model's weights. The
     # k-th optimizer that a process shards gets the k-th, as on every process of the node.
     owner = optimizer.__dict__.setdefault("_tfscale_weights_owner", f"weights{next(_OWNERS)}")
-    found = native_segment(node, grads, owner)
+    try:
+        found = native_segment(node, grads, owner)
+    except SharedMemoryFull as err:
+        # Every process of the node gets the same error here, so all take the whole update;
+        # the plain exchange needs a buffer less, and says so in turn if that too is short.
+        optimizer.__dict__["_tfscale_weights_refused"] = True
+        rank_zero.log(f"SGD's momentum update not sharded: {err}. Every worker applies the "
+                      "whole update.")
+        return None
     if found is None:
         return None
     library, segment = found
@@ -169,6 +179,12 @@ def _record(optimizer: Any, segment: Any, momentums: list[Any]) -> None:
     segment, for :func:`gather_momentum`."""
     shards = optimizer.__dict__.setdefault("_tfscale_sharded_momentum", {})
     shards[tuple(id(m) for m in momentums)] = (segment, momentums)
+
+
+def refused(optimizer: keras.optimizers.Optimizer | None) -> bool:
+    """Whether ``optimizer``'s update was to be sharded but is not: shared memory had no room
+    for its segment's weights region (:func:`apply` said so)."""
+    return bool(optimizer is not None and optimizer.__dict__.get("_tfscale_weights_refused"))
 
 
 def sharded(optimizer: keras.optimizers.Optimizer) -> bool:

@@ -50,12 +50,20 @@ other processors :func:`available` says no and the node phases stay on Horovod.
 
 The segment's file is unlinked as soon as every process has mapped it, so nothing is left in
 ``/dev/shm`` once the first exchange is done, even if the job is killed later.
+
+Local process 0 reserves the segment's memory when it makes the file (``fallocate``: the
+buffers, and the weights region for the sharded update's segments), so a ``/dev/shm`` too
+small for it (Docker gives containers 64 MB) is found there, with the sizes, rather than as a
+SIGBUS at the first write past tmpfs's limit. Process 0 then leaves a file that holds the flags
+and the message in the segment's place; the others read it there and raise the same
+:class:`SharedMemoryFull`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import hashlib
 import math
 import mmap
@@ -110,11 +118,21 @@ class PeerTimeout(RuntimeError):
     """A process of the node did not reach the same exchange in time."""
 
 
+class SharedMemoryFull(ValueError):
+    """The node's shared-memory directory has too little room for a segment. A ValueError: like
+    a bad flag, it is the node's configuration, which a restart does not change."""
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
 class Segment:
     """The mapped segment for tensors of ``shapes`` and ``dtype`` (see the module doc)."""
 
     def __init__(self, path: Path, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
-                 index: int, size: int, wait: Callable[..., None], timeout_s: float) -> None:
+                 index: int, size: int, wait: Callable[..., None], timeout_s: float,
+                 weights: bool = False) -> None:
         self.index, self.size, self.shapes = index, size, shapes
         self._wait, self._timeout_s = wait, timeout_s
         per_line = _LINE // dtype.itemsize
@@ -132,7 +150,12 @@ class Segment:
         data = length * dtype.itemsize
         count = 2 + max(size - 2, 0)
         self.weights_offset = header + count * data  # where the weights region starts
-        self._map = self._open(path, self.weights_offset + data, index)
+        # The memory reserved when the file is made: the weights region only where the
+        # sharded update writes it (``weights``); elsewhere its pages are never touched.
+        need = self.weights_offset + (data if weights else 0)
+        what = (f"{count} buffers{' and a weights region' if weights else ''} of "
+                f"{_mib(data)} ({dtype.name} gradients of {len(shapes)} tensors)")
+        self._map = self._open(path, self.weights_offset + data, need, what)
         self.flags = {
             kind: np.ndarray((size,), np.int64, self._map, offset=k * size * _LINE,
                              strides=(_LINE,))
@@ -149,19 +172,32 @@ class Segment:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
-    def _open(self, path: Path, total: int, index: int) -> mmap.mmap:
-        if index == 0:
+    def _open(self, path: Path, total: int, need: int, what: str) -> mmap.mmap:
+        """The segment's file of ``total`` bytes, mapped; process 0 makes it with its first
+        ``need`` bytes reserved (``what``: those bytes in words, for the error)."""
+        if self.index == 0:
             # Made full-size under a temporary name, then renamed: the others never see a
-            # file shorter than the segment.
+            # file shorter than the segment, but for one that says why it could not be made.
             temporary = path.with_name(path.name + ".new")
             fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            full = ""
             try:
                 os.ftruncate(fd, total)
-                mapped = mmap.mmap(fd, total)
+                try:
+                    os.posix_fallocate(fd, 0, need)
+                except OSError as err:
+                    if err.errno != errno.ENOSPC:
+                        raise
+                    full = self._too_small(path.parent, need, what)
+                    os.ftruncate(fd, 0)  # gives back what was reserved before it ran out
+                    os.write(fd, bytes(len(_KINDS) * self.size * _LINE) + full.encode())
+                mapped = mmap.mmap(fd, 0)
             finally:
                 os.close(fd)
             temporary.rename(path)
             atexit.register(lambda: path.unlink(missing_ok=True))
+            if full:
+                self._fail(mapped, path, full)
             return mapped
         deadline = time.monotonic() + self._timeout_s
         while True:
@@ -175,9 +211,35 @@ class Segment:
                                       "(a peer died or stalled)") from None
                 time.sleep(1e-3)
         try:
-            return mmap.mmap(fd, total)
+            mapped = mmap.mmap(fd, 0)
         finally:
             os.close(fd)
+        if len(mapped) != total:
+            self._fail(mapped, path, mapped[len(_KINDS) * self.size * _LINE:].decode())
+        return mapped
+
+    def _too_small(self, directory: Path, need: int, what: str) -> str:
+        """The error for a segment of ``need`` bytes (``what``) that ``directory`` cannot hold."""
+        stat = os.statvfs(directory)
+        return (f"{directory} has {_mib(stat.f_bavail * stat.f_frsize)} free of "
+                f"{_mib(stat.f_blocks * stat.f_frsize)}, and the exchange of this node's "
+                f"{self.size} processes through it needs {_mib(need)}: {what}. Give the "
+                f"node more shared memory (a container's --shm-size, or a larger tmpfs on "
+                f"{directory}), or take the node's exchange off it with "
+                "--node_exchange=collectives")
+
+    def _fail(self, mapped: mmap.mmap, path: Path, message: str) -> None:
+        """Raises :class:`SharedMemoryFull` with ``message`` on every process of the node, once
+        each has read it in the file that stands in the segment's place (process 0 waits for
+        that, then removes the file)."""
+        attached = np.ndarray((self.size,), np.int64, mapped, strides=(_LINE,),
+                              offset=_KINDS.index("attached") * self.size * _LINE)
+        attached[self.index] = os.getpid()
+        if self.index == 0:
+            self._wait(attached, 1, f"read why {path} could not be made")
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        raise SharedMemoryFull(message)
 
     @property
     def weights(self) -> np.ndarray:
@@ -317,6 +379,7 @@ class SharedMemoryGroup:
         self.ranks = tuple(ranks) or tuple(range(size))
         self.directory = directory
         self._segments: dict[tuple[object, ...], Segment] = {}
+        self._full: dict[tuple[object, ...], str] = {}  # segments that did not fit: why
         self._last: Segment | None = None
 
     def _segment(self, tensors: Sequence[np.ndarray]) -> Segment:
@@ -330,10 +393,17 @@ class SharedMemoryGroup:
                 owner: str = "") -> Segment:
         """The segment for calls on tensors of ``shapes`` and ``dtype``, made and mapped by
         every process of the node on first use (each waits for the others there). An
-        ``owner`` (the same on every process) gets a segment of its own: the sharded update
-        keeps one model's weights in its segment's weights region."""
+        ``owner`` (the same on every process) gets a segment of its own, with its weights
+        region reserved: the sharded update keeps one model's weights there.
+
+        Raises:
+            SharedMemoryFull: where the directory cannot hold the segment, on every process
+                of the node (and again at every later call for it).
+        """
         dtype = np.dtype(dtype)
         key = (dtype.name, shapes, owner) if owner else (dtype.name, shapes)
+        if key in self._full:
+            raise SharedMemoryFull(self._full[key])
         if key not in self._segments:
             # Named by what it carries, not by the order of first use (the native op's segment
             # is made when the step is traced): a process that came to its segments in another
@@ -341,8 +411,13 @@ class SharedMemoryGroup:
             # rather than map one made for other tensors.
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
             path = self.directory / f"tfscale-{self.key}-{digest}"
-            self._segments[key] = Segment(path, dtype, shapes, self.index, self.size,
-                                          self._wait, self.timeout_s)
+            try:
+                self._segments[key] = Segment(path, dtype, shapes, self.index, self.size,
+                                              self._wait, self.timeout_s, weights=bool(owner))
+            except SharedMemoryFull as err:
+                # Not made again: every process must come to the same segments.
+                self._full[key] = str(err)
+                raise
         return self._segments[key]
 
     def _wait(self, flags: np.ndarray, value: int, what: str,

@@ -39,6 +39,7 @@ import numpy as np
 from tfscale.cluster.shard import Shard
 from tfscale.config.options import Option
 from tfscale.config.settings import StrategySettings
+from tfscale.exchange import sharded_update
 
 if TYPE_CHECKING:
     import keras
@@ -103,8 +104,10 @@ class Strategy(abc.ABC):
     ring_hop_transport: ClassVar[str] = "shared_memory"
     # What carries the gradients inside and across nodes, once set up (exchange() says it).
     exchange_plan: ExchangePlan | None = None
-    # How the optimizer's update is shared out, where it is (exchange() adds it), else "".
+    # How the optimizer's update is shared out, where it is (exchange() adds it), else "",
+    # and the optimizer whose update it is.
     update_sharding: str = ""
+    sharded_optimizer: keras.optimizers.Optimizer | None = None
 
     def __init__(self, config: TrainConfig | StrategySettings) -> None:
         self.config = self.settings(config)
@@ -261,6 +264,8 @@ class Strategy(abc.ABC):
         if self.exchange_plan is None:
             return ""
         sharded = self.update_sharding
+        if sharded and sharded_update.refused(self.sharded_optimizer):
+            sharded = "SGD's momentum update not sharded (no room in /dev/shm for its weights)"
         return self.exchange_plan.describe() + (f"; {sharded}" if sharded else "")
 
     def describe(self) -> str:

@@ -296,6 +296,7 @@ class HorovodStrategy(Strategy):
             shard, self.update_sharding = sharded_update.choose(
                 SHARDED_UPDATE.of(self.config) and not self.config.gradient_lag, optimizer,
                 self.reduce)
+            self.sharded_optimizer = optimizer
             return with_gradient_reduction(optimizer, self.reduce,
                                            gradient_lag=self.config.gradient_lag,
                                            summed=self.reduce.sum,

@@ -175,6 +175,7 @@ class MultiWorkerStrategy(TFDistributeStrategy):
         if self.reduce is not None:
             shard, self.update_sharding = sharded_update.choose(
                 SHARDED_UPDATE.of(self.config), optimizer, self.reduce)
+            self.sharded_optimizer = optimizer
             return sum_gradients_with(optimizer, self.reduce.sum, shard)
         if timing.CLOCK.enabled and self.replicas_in_process == 1:
             return sum_gradients_with(optimizer, None)  # the strategy's own, timed
