@@ -112,19 +112,24 @@ def test_all_reduce_is_the_sum_in_local_order_on_every_process(size: int,
 
 def _short_of_room(index: int, size: int, directory: str, queue: Any) -> None:
     exchange = SharedMemoryGroup("short", index, size, timeout_s=60, directory=Path(directory))
-    shapes = ((100_000,),)  # 400 kB a buffer: two fit in 1 MiB, three do not
+    f32 = np.dtype(np.float32)
     errors = []
-    # The sharded update's segment reserves its weights region too: three buffers. Asked
-    # again, it is refused again, without another file.
+    # The sharded update's segment takes its weights region too: three buffers of 400 kB do
+    # not fit in 1 MiB. Asked again, it is refused again, without another file.
     for _ in range(2):
         try:
-            exchange.segment(np.dtype(np.float32), shapes, owner="weights0")
+            exchange.segment(f32, ((100_000,),), owner="weights0")
         except SharedMemoryFull as err:
             errors.append(str(err))
     free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
-    # The plain exchange of the same tensors needs two, and its weights region is never
-    # written: it fits, and sums.
-    total = exchange.all_reduce(np.full(shapes[0], index + 1.0, np.float32))[0]
+    # Two buffers of 280 kB fit; their pages are taken only once written, and a second such
+    # segment is refused for the room the first will take.
+    exchange.segment(f32, ((70_000,),))
+    try:
+        exchange.segment(f32, ((70_001,),))
+    except SharedMemoryFull as err:
+        errors.append(str(err))
+    total = exchange.all_reduce(np.full(70_000, index + 1.0, np.float32))[0]
     left = sorted(p.name for p in Path(directory).iterdir())
     queue.put((index, errors, free, float(total.min()), float(total.max()), left))
 
@@ -133,19 +138,24 @@ def test_a_segment_that_the_directory_cannot_hold_is_refused_on_every_process(
         tmpfs: Callable[[str], Path]) -> None:
     small_shm = tmpfs("1m")
     results = run_on_one_node(_short_of_room, 2, small_shm)
+    advice = (r"\. Give the node more shared memory \(a container's --shm-size, or a larger "
+              rf"tmpfs on {small_shm}\), or take the node's exchange off it with "
+              r"--node_exchange=collectives")
     for index in range(2):
         errors, free, low, high, left = results[index]
-        assert len(errors) == 2 and errors[0] == errors[1], errors
-        # The same words on both processes: the directory, its room, what was needed and why.
-        assert errors[0] == results[0][0][0]
+        # The same words on every process: the directory, its room, what was needed and why.
+        assert errors == results[0][0] and len(errors) == 3 and errors[0] == errors[1], errors
         assert re.fullmatch(
             rf"{small_shm} has \d+\.\d MiB free of 1\.0 MiB, and the exchange of this node's 2 "
             r"processes through it needs 1\.1 MiB: 2 buffers and a weights region of 0\.4 MiB "
-            r"\(float32 gradients of 1 tensors\)\. Give the node more shared memory \(a "
-            rf"container's --shm-size, or a larger tmpfs on {small_shm}\), or take the node's "
-            r"exchange off it with --node_exchange=collectives", errors[0]), errors[0]
-        # What was reserved before the room ran out was given back, and nothing is left.
-        assert free > 1.0 * 2**20 - 64 * 1024, free
+            r"\(float32 gradients of 1 tensors\)" + advice, errors[0]), errors[0]
+        assert re.fullmatch(
+            rf"{small_shm} has \d+\.\d MiB free of 1\.0 MiB \(0\.5 MiB of it for this job's "
+            r"other segments\), and the exchange of this node's 2 processes through it needs "
+            r"0\.5 MiB: 2 buffers of 0\.3 MiB \(float32 gradients of 1 tensors\)" + advice,
+            errors[2]), errors[2]
+        # A refused segment took no room, and nothing is left behind.
+        assert free > 2**20 - 64 * 1024, free
         assert (low, high) == (3.0, 3.0) and left == []
     # Not a lost peer; raised inside tf.numpy_function, it reaches tfscale.train in the text of
     # TensorFlow's error, and is still told as itself (exit code 2).

@@ -51,19 +51,21 @@ other processors :func:`available` says no and the node phases stay on Horovod.
 The segment's file is unlinked as soon as every process has mapped it, so nothing is left in
 ``/dev/shm`` once the first exchange is done, even if the job is killed later.
 
-Local process 0 reserves the segment's memory when it makes the file (``fallocate``: the
-buffers, and the weights region for the sharded update's segments), so a ``/dev/shm`` too
-small for it (Docker gives containers 64 MB) is found there, with the sizes, rather than as a
-SIGBUS at the first write past tmpfs's limit. Process 0 then leaves a file that holds the flags
-and the message in the segment's place; the others read it there and raise the same
-:class:`SharedMemoryFull`.
+Local process 0 makes a segment only where the directory has room for the memory its writes
+will take (the buffers, and the weights region for the sharded update's segments) besides what
+the node's earlier segments are still to take, so a ``/dev/shm`` too small for it (Docker gives
+containers 64 MB) is found there, with the sizes, rather than as a SIGBUS at the first write
+past tmpfs's limit. Process 0 then leaves a file that holds the flags and the message in the
+segment's place; the others read it there and raise the same :class:`SharedMemoryFull`. It
+checks rather than reserves (``fallocate``), so that each page is still placed by the first
+process that writes it (on a machine of several NUMA nodes, near that process), not all by
+process 0; another job that fills ``/dev/shm`` in between is not guarded against.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import hashlib
 import math
 import mmap
@@ -132,7 +134,7 @@ class Segment:
 
     def __init__(self, path: Path, dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
                  index: int, size: int, wait: Callable[..., None], timeout_s: float,
-                 weights: bool = False) -> None:
+                 weights: bool = False, pending: int = 0) -> None:
         self.index, self.size, self.shapes = index, size, shapes
         self._wait, self._timeout_s = wait, timeout_s
         per_line = _LINE // dtype.itemsize
@@ -150,12 +152,13 @@ class Segment:
         data = length * dtype.itemsize
         count = 2 + max(size - 2, 0)
         self.weights_offset = header + count * data  # where the weights region starts
-        # The memory reserved when the file is made: the weights region only where the
+        # The memory that the segment's writes take: the weights region only where the
         # sharded update writes it (``weights``); elsewhere its pages are never touched.
-        need = self.weights_offset + (data if weights else 0)
+        self.need = self.weights_offset + (data if weights else 0)
+        self._fd: int | None = None
         what = (f"{count} buffers{' and a weights region' if weights else ''} of "
                 f"{_mib(data)} ({dtype.name} gradients of {len(shapes)} tensors)")
-        self._map = self._open(path, self.weights_offset + data, need, what)
+        self._map = self._open(path, self.weights_offset + data, pending, what)
         self.flags = {
             kind: np.ndarray((size,), np.int64, self._map, offset=k * size * _LINE,
                              strides=(_LINE,))
@@ -172,28 +175,37 @@ class Segment:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
-    def _open(self, path: Path, total: int, need: int, what: str) -> mmap.mmap:
-        """The segment's file of ``total`` bytes, mapped; process 0 makes it with its first
-        ``need`` bytes reserved (``what``: those bytes in words, for the error)."""
+    def _open(self, path: Path, total: int, pending: int, what: str) -> mmap.mmap:
+        """The segment's file of ``total`` bytes, mapped; process 0 makes it where the
+        directory has room for it and for the ``pending`` bytes that the node's other
+        segments are still to take (``what``: the segment in words, for the error)."""
         if self.index == 0:
             # Made full-size under a temporary name, then renamed: the others never see a
             # file shorter than the segment, but for one that says why it could not be made.
+            stat = os.statvfs(path.parent)
+            free = stat.f_bavail * stat.f_frsize
+            full = "" if self.need + pending <= free else (
+                f"{path.parent} has {_mib(free)} free of {_mib(stat.f_blocks * stat.f_frsize)}"
+                + (f" ({_mib(pending)} of it for this job's other segments)" if pending else "")
+                + f", and the exchange of this node's {self.size} processes through it needs "
+                f"{_mib(self.need)}: {what}. Give the node more shared memory (a container's "
+                f"--shm-size, or a larger tmpfs on {path.parent}), or take the node's exchange "
+                "off it with --node_exchange=collectives")
             temporary = path.with_name(path.name + ".new")
             fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            full = ""
             try:
-                os.ftruncate(fd, total)
-                try:
-                    os.posix_fallocate(fd, 0, need)
-                except OSError as err:
-                    if err.errno != errno.ENOSPC:
-                        raise
-                    full = self._too_small(path.parent, need, what)
-                    os.ftruncate(fd, 0)  # gives back what was reserved before it ran out
+                if full:
                     os.write(fd, bytes(len(_KINDS) * self.size * _LINE) + full.encode())
+                else:
+                    os.ftruncate(fd, total)
                 mapped = mmap.mmap(fd, 0)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            if full:
+                os.close(fd)
+            else:
+                self._fd = fd  # kept, for what the segment has taken so far (unwritten())
             temporary.rename(path)
             atexit.register(lambda: path.unlink(missing_ok=True))
             if full:
@@ -218,16 +230,6 @@ class Segment:
             self._fail(mapped, path, mapped[len(_KINDS) * self.size * _LINE:].decode())
         return mapped
 
-    def _too_small(self, directory: Path, need: int, what: str) -> str:
-        """The error for a segment of ``need`` bytes (``what``) that ``directory`` cannot hold."""
-        stat = os.statvfs(directory)
-        return (f"{directory} has {_mib(stat.f_bavail * stat.f_frsize)} free of "
-                f"{_mib(stat.f_blocks * stat.f_frsize)}, and the exchange of this node's "
-                f"{self.size} processes through it needs {_mib(need)}: {what}. Give the "
-                f"node more shared memory (a container's --shm-size, or a larger tmpfs on "
-                f"{directory}), or take the node's exchange off it with "
-                "--node_exchange=collectives")
-
     def _fail(self, mapped: mmap.mmap, path: Path, message: str) -> None:
         """Raises :class:`SharedMemoryFull` with ``message`` on every process of the node, once
         each has read it in the file that stands in the segment's place (process 0 waits for
@@ -240,6 +242,14 @@ class Segment:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         raise SharedMemoryFull(message)
+
+    def unwritten(self) -> int:
+        """Bytes of the segment's memory that its first writes are still to take (tmpfs
+        gives a file its pages as they are written); 0 but on local process 0, which made
+        the file."""
+        if self._fd is None:
+            return 0
+        return max(0, self.need - os.fstat(self._fd).st_blocks * 512)
 
     @property
     def weights(self) -> np.ndarray:
@@ -412,8 +422,10 @@ class SharedMemoryGroup:
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
             path = self.directory / f"tfscale-{self.key}-{digest}"
             try:
+                pending = sum(segment.unwritten() for segment in self._segments.values())
                 self._segments[key] = Segment(path, dtype, shapes, self.index, self.size,
-                                              self._wait, self.timeout_s, weights=bool(owner))
+                                              self._wait, self.timeout_s, weights=bool(owner),
+                                              pending=pending)
             except SharedMemoryFull as err:
                 # Not made again: every process must come to the same segments.
                 self._full[key] = str(err)
