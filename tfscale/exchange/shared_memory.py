@@ -403,8 +403,8 @@ class SharedMemoryGroup:
                 owner: str = "") -> Segment:
         """The segment for calls on tensors of ``shapes`` and ``dtype``, made and mapped by
         every process of the node on first use (each waits for the others there). An
-        ``owner`` (the same on every process) gets a segment of its own, with its weights
-        region reserved: the sharded update keeps one model's weights there.
+        ``owner`` (the same on every process) gets a segment of its own, whose weights region
+        counts in the room it needs: the sharded update keeps one model's weights there.
 
         Raises:
             SharedMemoryFull: where the directory cannot hold the segment, on every process
