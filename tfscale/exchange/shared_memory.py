@@ -195,7 +195,9 @@ class Segment:
             fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:
                 if full:
-                    os.write(fd, bytes(len(_KINDS) * self.size * _LINE) + full.encode())
+                    body = bytes(len(_KINDS) * self.size * _LINE) + full.encode()
+                    # Never the segment's size, by which the others tell the two apart.
+                    os.write(fd, body + b" " * (len(body) == total))
                 else:
                     os.ftruncate(fd, total)
                 mapped = mmap.mmap(fd, 0)
@@ -227,7 +229,8 @@ class Segment:
         finally:
             os.close(fd)
         if len(mapped) != total:
-            self._fail(mapped, path, mapped[len(_KINDS) * self.size * _LINE:].decode())
+            self._fail(mapped, path,
+                       mapped[len(_KINDS) * self.size * _LINE:].decode().rstrip(" "))
         return mapped
 
     def _fail(self, mapped: mmap.mmap, path: Path, message: str) -> None:
