@@ -9,6 +9,9 @@
 | 4    | a peer worker was lost or stalled |
 | 75   | preempted (SIGTERM/SIGUSR1): checkpoint written, run the same command to resume |
 
+A node whose ``/dev/shm`` has no room for the exchange's segment is bad configuration too
+(code 2), found at the first step.
+
 ``--help``, ``--helpshort`` and ``--helpfull`` exit 0; absl's own flag errors (an unknown or
 misspelt flag, a bad value, a missing ``--flagfile``) are bad usage like any other: one line,
 exit 2 (:func:`tfscale.cli.command.parse_flags`). So do the usage errors of tfscale's API for your
