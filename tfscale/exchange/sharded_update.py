@@ -126,7 +126,7 @@ def apply(optimizer: keras.optimizers.Optimizer, reduce: HierarchicalAllReduce,
     from tfscale.exchange.hierarchical import native_segment, segment_attrs
 
     node = reduce.node
-    if (node is None or not grads or optimizer.__dict__.get("_tfscale_weights_refused")
+    if (node is None or not grads or refused(optimizer)
             or any(isinstance(g, tf.IndexedSlices) or g is None for g in grads)):
         return None
     grads = [tf.convert_to_tensor(g) for g in grads]
