@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -23,17 +24,51 @@ def long_run_flags(model_dir: Path, strategy: str, *extra: str) -> list[str]:
 
 @contextmanager
 def started(command: list[str], env: dict[str, str] | None = None,
-            log: Path | None = None) -> Iterator[subprocess.Popen[str]]:
-    """Starts ``command`` in its own session; on exit kills whatever of its group is left."""
-    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+            log: Path | None = None, out: int | None = None,
+            ) -> Iterator[subprocess.Popen[str]]:
+    """Starts ``command`` in its own session, its output into ``log`` or the file descriptor
+    ``out`` (else discarded); on exit kills whatever of its group is left."""
+    sink = open(log, "w") if log else subprocess.DEVNULL if out is None else out  # noqa: SIM115
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, text=True,
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc
     finally:
         kill_group(proc)
         if log:
-            out.close()  # type: ignore[union-attr]
+            sink.close()  # type: ignore[union-attr]
+
+
+@contextmanager
+def output_bound(capacity: int = 16384) -> Iterator[tuple[int, int]]:
+    """A pipe (read end, write end) that holds ``capacity`` bytes and that nobody reads: a
+    process writing its output into it unbuffered blocks at the write after that much, so a
+    run that logs every step cannot get further than ``capacity`` bytes of output past the
+    point where it started. That bounds how far a run goes before a test kills it, at any
+    CPU speed. The read end gives what was written (:func:`drained`)."""
+    read, write = os.pipe()
+    try:
+        granted = fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, capacity)
+        assert granted == capacity, f"the pipe holds {granted} bytes, not {capacity}"
+        os.set_blocking(read, False)
+        yield read, write
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def drained(fd: int) -> str:
+    """What the pipe's read end ``fd`` holds now (it is non-blocking)."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:
