@@ -752,6 +752,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # The same method (each run its own adjacent baseline, the round's figures) on the Xeon.
     ("shaped_links_2026-11-29_xeon_adjacent.json", (), "18 of 32",
      "+38.9% (mlp, 25 Gbit/s, 2x2 flat)"),
+    # ... and on a Zen 4 EPYC, the 1x2 baselines with the update unsharded (2026-12-02).
+    ("shaped_links_2026-12-02_zen4_adjacent.json", (), "28 of 32",
+     "+14.7% (resnet50, 10 Gbit/s, 2x2 multiworker hierarchical)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
