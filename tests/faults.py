@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import ROOT, TINY
 
@@ -71,7 +72,7 @@ def drained(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def kill_group(proc: subprocess.Popen[str]) -> None:
+def kill_group(proc: subprocess.Popen[Any]) -> None:
     """SIGKILLs ``proc``'s process group (if any is left) and reaps ``proc``."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

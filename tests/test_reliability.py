@@ -74,7 +74,7 @@ def _pair(strategy: str, flags: list[str], tmp_path: Path, chief_out: int | None
         yield procs, logs
     finally:
         for proc in procs:
-            kill_group(proc)  # type: ignore[arg-type]
+            kill_group(proc)
         if server is not None:
             server.stop()
 
