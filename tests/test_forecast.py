@@ -755,6 +755,9 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # ... and on a Zen 4 EPYC, the 1x2 baselines with the update unsharded (2026-12-02).
     ("shaped_links_2026-12-02_zen4_adjacent.json", (), "28 of 32",
      "+14.7% (resnet50, 10 Gbit/s, 2x2 multiworker hierarchical)"),
+    # ... and three rounds of it at 25 Gbit/s, each run the mean of its rounds.
+    ("shaped_links_2026-12-02_zen4_25gbit_3rounds.json", (), "14 of 16",
+     "-15.7% (resnet50, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
