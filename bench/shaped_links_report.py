@@ -20,6 +20,10 @@ Kept apart from the measurement so that the tables can be remade from the saved 
   inside a node, and the 1xL run's images/s (the 1-node figure, as for Summit). No 2-node run
   enters it. Where the set has them, a run's own one-node baseline (``--adjacent_baselines``)
   and its own figures (``--adjacent_figures``), timed just before it, replace the round's.
+- **Spread**: with several rounds, how far each round's efficiency lies from the same run's
+  mean over the rounds. The forecast takes the baseline and predicts the run; where the
+  measured ratio of the two moves by more than 10% between rounds, no forecast from the
+  baseline is within 10% of every round.
 """
 
 from __future__ import annotations
@@ -279,6 +283,9 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
             "rounds": len(measured)}
         if effs:
             row["efficiency"] = _mean(effs)
+            # How far each round's efficiency lies from the run's mean: what the VM moves
+            # between a baseline and its run, which a forecast from the baseline cannot follow.
+            row["round deviations"] = [e / row["efficiency"] - 1 for e in effs]
             row["of floor"] = row["images/s"] / _mean(floors)
             row["ns per stack byte"] = _mean(per_byte)
         if forecasts:
@@ -319,6 +326,12 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
         return abs(float(row["forecast error"].rstrip("%")))
 
     within = sum(miss(r) <= 10 for r in forecast)
+    deviations = [d for r in run_rows if len(r.get("round deviations", [])) > 1
+                  for d in r["round deviations"]]
+    spread = ([f"The same run's efficiency from round to round (each against its "
+               f"baseline): {sum(abs(d) > 0.10 for d in deviations)} of {len(deviations)} "
+               f"rounds more than 10% from their run's mean, up to "
+               f"{max(abs(d) for d in deviations):.1%}.", ""] if deviations else [])
     worst = max(forecast, key=miss, default=None)
     worst_text = (f"; worst {worst['forecast error']} ({worst['model']}, {worst['link']}, "
                   f"{worst['run']})" if worst else "")
@@ -338,7 +351,8 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
         table(hierarchy_wins(run_rows), ["model", "link", "hierarchical / flat, fp32",
                                          "hierarchical / flat, fp16", "ddl / flat, fp32",
                                          "multiworker hierarchical / flat"]),
-        "", f"Forecast within 10% of the measured images/s: {within} of {len(forecast)} runs"
+        "", *spread,
+        f"Forecast within 10% of the measured images/s: {within} of {len(forecast)} runs"
         + worst_text + "".join(f"; {strategy}'s runs charged {ns:g} ns of host time per byte"
                                for strategy, ns in sorted((host_ns or {}).items())),
     ])

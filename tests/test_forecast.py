@@ -775,6 +775,28 @@ def test_kept_shaped_link_runs_give_the_documented_forecast_count(
     assert f"**{count} within 10%; worst {worst.split()[0]}**" in doc
 
 
+def test_shaped_link_report_states_how_far_each_runs_rounds_spread() -> None:
+    """With several rounds the report says how far the same run's efficiency moved between
+    rounds (each round against its own baseline): on the kept three-round Zen 4 set, 8 of 48
+    rounds lie more than 10% from their run's mean, up to 20.0% (counted from the raw JSON by
+    hand before the report had the line), as docs/FORECAST.md quotes; a one-round set has
+    no spread to state."""
+    def report(kept: str) -> list[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
+             str(ROOT / "docs" / "forecast" / kept)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+        ).stdout.splitlines()
+
+    spread = [line for line in report("shaped_links_2026-12-02_zen4_25gbit_3rounds.json")
+              if line.startswith("The same run's efficiency from round to round")]
+    assert len(spread) == 1
+    assert "8 of 48 rounds more than 10% from their run's mean, up to 20.0%" in spread[0]
+    assert "8 of 48 rounds" in (ROOT / "docs" / "FORECAST.md").read_text()
+    assert not any(line.startswith("The same run's efficiency")
+                   for line in report("shaped_links_2026-12-02_zen4_adjacent.json"))
+
+
 def test_shaped_link_runs_are_timed_after_their_first_interval() -> None:
     """bench.shaped_links times a run over its progress intervals after the first (a job's
     first steps across nodes still warm up); a one-node baseline that ran on both nodes at
