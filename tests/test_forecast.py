@@ -713,6 +713,15 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
         host_time_command.measure("tcp", 1 << 20)
 
 
+def _kept_report(kept: str, *args: str) -> list[str]:
+    """The lines of ``bench.shaped_links --report`` on a kept set in docs/forecast/."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
+         str(ROOT / "docs" / "forecast" / kept), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout.strip().splitlines()
+
+
 @pytest.mark.parametrize("kept, args, count, worst", [
     ("shaped_links_2026-11-27.json", (), "28 of 48",
      "+47.9% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
@@ -764,11 +773,7 @@ def test_kept_shaped_link_runs_give_the_documented_forecast_count(
     """docs/FORECAST.md quotes the forecast of the kept shaped-link runs; remaking the report
     from each raw result through today's model and presets must give the same count, so a
     change to either shows up here with the document still to update."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
-         str(ROOT / "docs" / "forecast" / kept), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
-    summary = result.stdout.strip().splitlines()[-1]
+    summary = _kept_report(kept, *args)[-1]
     assert summary.startswith(f"Forecast within 10% of the measured images/s: {count} runs")
     assert f"worst {worst}" in summary
     doc = (ROOT / "docs" / "FORECAST.md").read_text()
@@ -781,20 +786,13 @@ def test_shaped_link_report_states_how_far_each_runs_rounds_spread() -> None:
     rounds lie more than 10% from their run's mean, up to 20.0% (counted from the raw JSON by
     hand before the report had the line), as docs/FORECAST.md quotes; a one-round set has
     no spread to state."""
-    def report(kept: str) -> list[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
-             str(ROOT / "docs" / "forecast" / kept)],
-            cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
-        ).stdout.splitlines()
-
-    spread = [line for line in report("shaped_links_2026-12-02_zen4_25gbit_3rounds.json")
+    spread = [line for line in _kept_report("shaped_links_2026-12-02_zen4_25gbit_3rounds.json")
               if line.startswith("The same run's efficiency from round to round")]
     assert len(spread) == 1
     assert "8 of 48 rounds more than 10% from their run's mean, up to 20.0%" in spread[0]
     assert "8 of 48 rounds" in (ROOT / "docs" / "FORECAST.md").read_text()
     assert not any(line.startswith("The same run's efficiency")
-                   for line in report("shaped_links_2026-12-02_zen4_adjacent.json"))
+                   for line in _kept_report("shaped_links_2026-12-02_zen4_adjacent.json"))
 
 
 def test_shaped_link_runs_are_timed_after_their_first_interval() -> None:
