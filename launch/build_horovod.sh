@@ -63,8 +63,12 @@ if ! ls "$dest"/horovod-*.whl >/dev/null 2>&1; then
   mpi_env=(HOROVOD_WITHOUT_MPI=1)
   [ "$with_mpi" = 1 ] && mpi_env=(HOROVOD_WITH_MPI=1)
   mkdir -p "$work/wheel"
+  # Gloo's CMakeLists asks for CMake 2.8, which CMake 4 refuses to configure; the cmake that
+  # set-up installs into the venv (the one an activated venv finds first) is CMake 4.
+  # CMAKE_POLICY_VERSION_MINIMUM is CMake 4's way to build it anyway; CMake 3 ignores it.
   env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 "${mpi_env[@]}" \
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+      CMAKE_POLICY_VERSION_MINIMUM=3.5 \
       "$PY" -m pip wheel --no-deps --no-build-isolation -w "$work/wheel" "$src"
   mkdir -p "$dest"
   cp "$work"/wheel/horovod-*.whl "$dest/"
