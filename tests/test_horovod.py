@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,23 @@ def _python_train() -> list[str]:
     import sys
 
     return [sys.executable, "-m", "tfscale.train"]
+
+
+def test_build_probes_answer_as_horovod_does_without_importing_tensorflow() -> None:
+    """The job scripts' pre-flight check (``horovod_runtime.built``) and horovodrun's own
+    "built with" probes (patched by launch/build_horovod.sh) give horovod.tensorflow's answers
+    without loading TensorFlow, which costs each 3-4 s of CPU."""
+    import horovod.tensorflow as hvd
+
+    probe = run_process([sys.executable, "-c", (
+        "import sys\n"
+        "from horovod.common import util\n"
+        "from tfscale.exchange.horovod_runtime import built\n"
+        "print(built('gloo'), built('mpi'), util.gloo_built(), util.mpi_built())\n"
+        # The probe runs in a process forked from this one: does it hold TensorFlow?
+        "print(util._check_extension_lambda('tensorflow', lambda ext: 'tensorflow' in "
+        "sys.modules, 'built with Gloo', False), 'tensorflow' in sys.modules)\n")], timeout=60)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    answers, loaded = probe.stdout.splitlines()[-2:]
+    assert answers.split() == [str(hvd.gloo_built()), str(hvd.mpi_built())] * 2
+    assert loaded.split() == ["False", "False"]

@@ -54,7 +54,7 @@ def test_slurm_24_horovod_ranks() -> None:
     assert "python3 -m tfscale.train --model=resnet50 --strategy=horovod &" in rank.splitlines()
     assert "#SBATCH --signal=USR1@180" in text and "#SBATCH --requeue" in text
     assert '  scontrol requeue "$SLURM_JOB_ID" && exit 0' in text.splitlines()
-    assert "if not hvd.mpi_built():" in text
+    assert "if not built('mpi'):" in text
 
 
 def test_slurm_without_core_count_takes_whole_nodes_and_shares_their_cpus() -> None:
@@ -67,7 +67,7 @@ def test_slurm_multiworker_builds_tf_config_and_skips_mpi() -> None:
     text = script("slurm", nodes=2, gpus_per_node=8, gpus_per_rank=8, port=23456,
                   train_args=("--strategy=multiworker",))
     bash_syntax_ok(text)
-    assert "--mpi=" not in text and "mpi_built" not in text
+    assert "--mpi=" not in text and "import built" not in text
     assert "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --gpus-per-task=8" in text
     assert "-m tfscale.cli.tf_config --tf_config --port 23456)" in rank_script(text)
 
@@ -106,12 +106,12 @@ def test_horovodrun_gloo_and_mpi() -> None:
     bash_syntax_ok(gloo)
     assert "    -np 4 \\" in gloo and "    -H a:2,b:2 \\" in gloo and "    --gloo \\" in gloo
     assert "rank=${HOROVOD_RANK:?" in rank_script(gloo) and "taskset -c" in rank_script(gloo)
-    assert "gloo_built()" in gloo
+    assert "if not built('gloo'):" in gloo
     mpi = script("horovodrun", hosts=parse_hosts("a:2,b:2"), gpus_per_node=2, mpi=True)
     bash_syntax_ok(mpi)
     assert '--binding-args="${binding[*]}"' in mpi
     assert '  binding=(--map-by ppr:2:node --bind-to none --oversubscribe)' in mpi.splitlines()
-    assert "rank=${OMPI_COMM_WORLD_RANK:?" in rank_script(mpi) and "mpi_built()" in mpi
+    assert "rank=${OMPI_COMM_WORLD_RANK:?" in rank_script(mpi) and "if not built('mpi'):" in mpi
 
 
 def test_ddlrun_front_end_maps_to_mpirun_with_ddl() -> None:

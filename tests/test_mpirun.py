@@ -27,8 +27,8 @@ def mpi_env() -> dict[str, str]:
     """The environment for mpirun here; skips when MPI or an MPI-built Horovod is missing."""
     if shutil.which("mpirun") is None:
         pytest.skip("Open MPI's mpirun is not installed (TFSCALE_WITH_MPI=1 bash launch/setup.sh)")
-    check = subprocess.run([sys.executable, "-c", "import horovod.tensorflow as h; "
-                            "print(h.mpi_built(), h.gloo_built())"],
+    check = subprocess.run([sys.executable, "-c", "from tfscale.exchange.horovod_runtime "
+                            "import built; print(built('mpi'), built('gloo'))"],
                            capture_output=True, text=True, cwd=ROOT)
     if check.stdout.split() != ["True", "True"]:
         pytest.skip("Horovod here is not built with MPI and Gloo "

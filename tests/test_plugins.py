@@ -136,7 +136,7 @@ def test_a_job_script_generator_is_one_module(pbs: None, tmp_path: Path,
     text = job.read_text()
     for line in ("#PBS -l select=2:mpiprocs=4:ngpus=4", "#PBS -l walltime=01:30:00",
                  "#PBS -A abc", "rank=${PMI_RANK:?not started by mpiexec}",
-                 "mpiexec \\\n    -n 8 \\\n    -ppn 4", "if not hvd.mpi_built():"):
+                 "mpiexec \\\n    -n 8 \\\n    -ppn 4", "if not built('mpi'):"):
         assert line in text, line
     capsys.readouterr()
     assert main(["pbs", "--nodes=2", "--gpus_per_node=4", "--", "--strategy=multiworker",

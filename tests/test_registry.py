@@ -149,7 +149,7 @@ def test_plugin_strategy_gets_job_scripts_from_its_class(tmp_path: Path,
         assert proc.returncode == 0, proc.stderr
         assert "8 ranks on 2 node(s), --strategy=acme_workers" in proc.stderr
         text = job.read_text()
-        assert line in text and "mpi_built" not in text and "--mpi=" not in text
+        assert line in text and "import built" not in text and "--mpi=" not in text
     refused = jobscript("horovodrun", "-H", "a:2,b:2", *workers)
     assert refused.returncode == 2
     assert ("horovodrun cannot start --strategy=acme_workers jobs; it starts acme_hvd, ddl, "
@@ -158,7 +158,7 @@ def test_plugin_strategy_gets_job_scripts_from_its_class(tmp_path: Path,
                      "-o", str(job), "--", "--strategy=acme_hvd")
     assert proc.returncode == 0, proc.stderr
     text = job.read_text()
-    assert "--mpi=pmix" in text and "if not hvd.mpi_built():" in text
+    assert "--mpi=pmix" in text and "if not built('mpi'):" in text
     assert 'export HOROVOD_FUSION_THRESHOLD="${HOROVOD_FUSION_THRESHOLD:-8388608}"' in text
     ddlrun = jobscript("ddlrun", "-H", "h1,h2", "--accelerators=2", "--", "--strategy=acme_hvd")
     assert ddlrun.returncode == 0, ddlrun.stderr
