@@ -142,3 +142,11 @@ def test_build_probes_answer_as_horovod_does_without_importing_tensorflow() -> N
     answers, loaded = probe.stdout.splitlines()[-2:]
     assert answers.split() == [str(hvd.gloo_built()), str(hvd.mpi_built())] * 2
     assert loaded.split() == ["False", "False"]
+    # A TensorFlow whose libraries are not where ctypes looks: horovod.tensorflow, imported.
+    other = run_process([sys.executable, "-c", (
+        "import glob, sys\n"
+        "glob.glob = lambda pattern: []\n"
+        "from tfscale.exchange.horovod_runtime import built\n"
+        "print(built('gloo'), built('mpi'), 'tensorflow' in sys.modules)\n")], timeout=120)
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.split()[-3:] == [str(hvd.gloo_built()), str(hvd.mpi_built()), "True"]

@@ -62,8 +62,10 @@ def ops_library() -> Any:
     takes 0.3 s of CPU where ``import horovod.tensorflow`` takes 3.7 s (AMD EPYC Zen 4,
     2026-12-03): job scripts' pre-flight check and ``horovodrun``'s start-up probes (patched
     by ``launch/build_horovod.sh``) ask only whether the library was built with MPI or Gloo.
-    Raises RuntimeError (:data:`INSTALL_HINT`, and the loader's reason) when a library does
-    not load."""
+    Where the library needs other shared libraries than those two (another TensorFlow build),
+    it returns ``horovod.tensorflow`` itself, imported, which answers the same questions.
+    Raises RuntimeError (:data:`INSTALL_HINT`) when Horovod is not installed or does not
+    import."""
     check_installed()
     import ctypes
     import glob
@@ -80,8 +82,8 @@ def ops_library() -> Any:
         for path in libraries:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         return HorovodBasics(spec.origin, "mpi_lib")
-    except OSError as err:
-        raise RuntimeError(f"{INSTALL_HINT} (its TensorFlow ops do not load: {err})") from None
+    except OSError:  # a library it links is not among those: load them as Horovod does
+        return import_horovod()
 
 
 def built(controller: str) -> bool:
