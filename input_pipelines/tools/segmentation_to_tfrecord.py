@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from input_pipelines.core import segmentation_records
 from input_pipelines.core.encode_pool import EncodePool
 from input_pipelines.core.errors import DataError
 from input_pipelines.core.files import split_files
@@ -99,6 +98,8 @@ def encode_sample(sample: Sample, stats: ShardStats, layouts: dict[str, Layout],
     if not np.isfinite(data).all():
         raise DataError(f"{sample[0]}: sample {sample[1]}: data values are NaN or Inf")
     stats.add(data, labels)
+    from input_pipelines.core import segmentation_records  # here: --help answers without TF
+
     return segmentation_records.encode(data, labels), int(labels.min()), int(labels.max())
 
 

@@ -14,8 +14,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from input_pipelines.core.synthetic_fields import write_h5
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -33,6 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num_classes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    # Here, not at the top: --help answers without TensorFlow (synthetic_fields imports it).
+    from input_pipelines.core.synthetic_fields import write_h5
+
     for split, count in (("train", args.train), ("validation", args.validation)):
         if count:
             paths = write_h5(
