@@ -58,10 +58,11 @@ def ops_library() -> Any:
     TensorFlow or ``horovod.tensorflow``.
 
     The library links TensorFlow's two shared libraries, which an import of TensorFlow would
-    load; here ctypes loads them from TensorFlow's package folder, and then the library. That
-    takes 0.3 s of CPU where ``import horovod.tensorflow`` takes 3.7 s (AMD EPYC Zen 4,
-    2026-12-03): job scripts' pre-flight check and ``horovodrun``'s start-up probes (patched
-    by ``launch/build_horovod.sh``) ask only whether the library was built with MPI or Gloo.
+    load; here ctypes loads them from TensorFlow's package folder, and then the library. A
+    process that asks :func:`built` this way takes 0.68 s of CPU, one that imports
+    ``horovod.tensorflow`` to ask 4.32 s (medians, AMD EPYC Zen 4, 2026-12-03; BUILD.md): job
+    scripts' pre-flight check and ``horovodrun``'s start-up probes (patched by
+    ``launch/build_horovod.sh``) ask only whether the library was built with MPI or Gloo.
     Where the library needs other shared libraries than those two (another TensorFlow build),
     it returns ``horovod.tensorflow`` itself, imported, which answers the same questions.
     Raises RuntimeError (:data:`INSTALL_HINT`) when Horovod is not installed or does not
