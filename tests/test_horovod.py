@@ -119,8 +119,6 @@ def test_num_processes_launcher_linear_scaling_and_accumulation(tmp_path: Path) 
 
 
 def _python_train() -> list[str]:
-    import sys
-
     return [sys.executable, "-m", "tfscale.train"]
 
 

@@ -36,10 +36,11 @@ INSTALL_HINT = (
 _OPS = ("mean", "sum", "max", "min")
 
 
-def check_installed() -> None:
+def check_installed() -> importlib.machinery.ModuleSpec:
     """Raises RuntimeError (:data:`INSTALL_HINT`) unless Horovod is installed with its
     TensorFlow ops, without importing them or TensorFlow: a launcher checks this before it
-    starts workers, which import both (:func:`import_horovod`)."""
+    starts workers, which import both (:func:`import_horovod`). Returns the spec of
+    ``horovod.tensorflow`` (not imported)."""
     try:
         spec = importlib.util.find_spec("horovod.tensorflow")  # imports only horovod/__init__
     except ImportError as err:  # not installed, or its __init__ fails
@@ -47,9 +48,10 @@ def check_installed() -> None:
     folders = (spec.submodule_search_locations or []) if spec else []
     ops = [os.path.join(folder, f"mpi_lib{suffix}") for folder in folders
            for suffix in importlib.machinery.EXTENSION_SUFFIXES]
-    if not any(os.path.exists(path) for path in ops):
+    if spec is None or spec.origin is None or not any(os.path.exists(path) for path in ops):
         raise RuntimeError(f"{INSTALL_HINT} (Horovod is installed without its TensorFlow ops: "
                            "no horovod/tensorflow/mpi_lib)")
+    return spec
 
 
 def ops_library() -> Any:
@@ -67,7 +69,7 @@ def ops_library() -> Any:
     it returns ``horovod.tensorflow`` itself, imported, which answers the same questions.
     Raises RuntimeError (:data:`INSTALL_HINT`) when Horovod is not installed or does not
     import."""
-    check_installed()
+    spec = check_installed()
     import ctypes
     import glob
 
@@ -77,8 +79,6 @@ def ops_library() -> Any:
     folders = (tensorflow.submodule_search_locations or []) if tensorflow else []
     libraries = [path for folder in folders for name in ("framework", "cc")
                  for path in sorted(glob.glob(os.path.join(folder, f"libtensorflow_{name}.so*")))]
-    spec = importlib.util.find_spec("horovod.tensorflow")
-    assert spec is not None and spec.origin is not None  # check_installed() found it
     try:
         for path in libraries:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
