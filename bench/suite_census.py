@@ -16,7 +16,9 @@ drops ``PYTHONPATH`` (a test's own ``env=``) none at all; shells, Slurm's and MP
 Python. With ``--accounting`` (root) the kernel's process accounting (acct(2)) records every
 process of the run: the killed ones' CPU is then counted under the test their start record
 names, and the report says what the other processes cost. Accounting goes to the census's own
-file for the run and is switched off at the end, also for a system service that had it on. The
+file for the run and is switched off at the end. acct(2) is per PID namespace: where a system
+service keeps accounting, run the census in a namespace of its own (``unshare --pid --fork``;
+not the mini-cluster's tests, which signal processes by the pids they read in /proc). The
 pytest workers' line holds the tests that run TensorFlow in the worker itself.
 """
 
