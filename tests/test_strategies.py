@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +134,32 @@ def test_multiworker_rejects_malformed_tf_config(tmp_path: Path) -> None:
     assert "TF_CONFIG is malformed" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_multiworker_cluster_from_simulated_slurm_step(tmp_path: Path) -> None:
-    from tfscale.cluster.environment import free_ports
+def _free_port_block(n: int) -> int:
+    """A base port whose ``n`` ports from it are all free, below the kernel's ephemeral range:
+    outgoing connections and other tests' ``free_ports`` draw from that range, and the port
+    after a free one from it was once taken before the workers bound it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        base = random.randrange(10000, low - n)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                sockets.append(socket.socket())
+                sockets[-1].bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports in 10000-{low}")
 
+
+def test_multiworker_cluster_from_simulated_slurm_step(tmp_path: Path) -> None:
+    # The workers listen on TFSCALE_PORT_BASE + their local rank.
     slurm = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
              "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NTASKS": "2",
-             "TFSCALE_PORT_BASE": str(free_ports(1)[0])}
+             "TFSCALE_PORT_BASE": str(_free_port_block(2))}
     envs = [{**slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NODEID": "0"}
             for r in range(2)]
     log = io.StringIO()
