@@ -11,15 +11,19 @@ and commands spent the most. Most of the suite's CPU goes to TensorFlow's start-
 CPU per process on an AMD EPYC Zen 4, 6-8 s on an AVX2-only one), so the number of TensorFlow
 processes per test is what a cut of CI time has to reduce.
 
-Processes killed by a signal run no exit hook, and processes started with an environment that
-drops ``PYTHONPATH`` (a test's own ``env=``) none at all; shells, Slurm's and MPI's daemons are not
-Python. With ``--accounting`` (root) the kernel's process accounting (acct(2)) records every
-process of the run: the killed ones' CPU is then counted under the test their start record
-names, and the report says what the other processes cost. Accounting goes to the census's own
-file for the run and is switched off at the end. acct(2) is per PID namespace: where a system
-service keeps accounting, run the census in a namespace of its own (``unshare --pid --fork``;
-not the mini-cluster's tests, which signal processes by the pids they read in /proc). The
-pytest workers' line holds the tests that run TensorFlow in the worker itself.
+The hook is also in a ``.pth`` file in the interpreter's ``site-packages`` for the run, so it
+runs in the processes whose test replaces ``PYTHONPATH`` (``run_process(env=...)``) as well; it
+logs only where the census's variable is in the environment, so it is inert outside the run
+and removed after it. Processes killed by a signal run no exit hook, and processes started
+with an environment that drops the census's variable (sshd's and ``orted``'s) none at all;
+shells, Slurm's and MPI's daemons are not Python. With ``--accounting`` (root) the kernel's
+process accounting (acct(2)) records every process of the run: the killed ones' CPU is then
+counted under the test their start record names, and the report says what the other
+processes cost. Accounting goes to the census's own file for the run and is switched off at
+the end. acct(2) is per PID namespace: where a system service keeps accounting, run the census
+in a namespace of its own (``unshare --pid --fork``; not the mini-cluster's tests, which
+signal processes by the pids they read in /proc). The pytest workers' line holds the tests
+that run TensorFlow in the worker itself.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import os
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -71,7 +76,8 @@ def _tfscale_census_log():
                            "tensorflow": "tensorflow" in sys.modules,
                            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)}})
 
-if os.environ.get("{LOG_VARIABLE}"):
+if os.environ.get("{LOG_VARIABLE}") and not getattr(sys, "_tfscale_census", False):
+    sys._tfscale_census = True  # once, from the .pth file or from sitecustomize
     _tfscale_census_write({{"event": "start", "argv": " ".join(sys.orig_argv[1:4])[:200]}})
     import atexit
     atexit.register(_tfscale_census_log)
@@ -83,6 +89,9 @@ if os.environ.get("{LOG_VARIABLE}"):
 
     os._exit = _census_exit
 '''
+# The line of the .pth file: site runs a line that starts with "import" as it starts.
+PTH_LINE = (f'import os; os.environ.get("{LOG_VARIABLE}") and '
+            f'exec(compile({HOOK!r}, "suite_census", "exec"), {{}})\n')
 PYTEST_DEFAULT = ["-q", "-n", "2", "--dist", "loadfile", "tests"]
 
 
@@ -215,11 +224,26 @@ def account(census: Iterable[dict[str, Any]], accounting: Iterable[dict[str, Any
              f"CPU; Python processes that ended without the exit hook (killed by a signal): "
              f"{len(unlogged)}, {sum(r['cpu_s'] for r in unlogged):.1f} s of CPU, counted "
              f"below under their tests",
-             f"processes the census did not see (not Python, or Python without its PYTHONPATH):"
+             f"processes the census did not see (not Python, or Python without its variable):"
              f" {len(others)}, {sum(by_comm.values()):.1f} s of CPU; most: "
              + ", ".join(f"{comm} {cpu:.1f} s" for comm, cpu in
                          sorted(by_comm.items(), key=lambda item: -item[1])[:top])]
     return exits + unlogged, lines
+
+
+@contextlib.contextmanager
+def hook_in_site_packages() -> Iterator[Path]:
+    """The census's hook in a ``.pth`` file of this interpreter's ``site-packages`` for the
+    block (a file of its own, so that a census inside a census keeps the outer one's)."""
+    fd, name = tempfile.mkstemp(prefix="tfscale_suite_census_", suffix=".pth",
+                                dir=sysconfig.get_paths()["purelib"], text=True)
+    with os.fdopen(fd, "w") as pth:
+        pth.write(PTH_LINE)
+    os.chmod(name, 0o644)  # mkstemp's 0600 would hide it from the processes of other users
+    try:
+        yield Path(name)
+    finally:
+        os.unlink(name)
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -243,7 +267,8 @@ def run(pytest_args: Sequence[str], out: Path, accounting: bool = False,
     env = {**os.environ, "PYTHONPATH": path, LOG_VARIABLE: str(log)}
     pacct = out / "pacct"
     pacct.unlink(missing_ok=True)
-    with (process_accounting(pacct) if accounting else contextlib.nullcontext()) as refused:
+    with hook_in_site_packages(), \
+            (process_accounting(pacct) if accounting else contextlib.nullcontext()) as refused:
         if refused:
             print(f"[suite_census] no kernel accounting: {refused}", file=sys.stderr)
         before = _cpu_times()

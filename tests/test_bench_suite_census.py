@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,14 @@ from bench.suite_census import ACCT_V3, account, command_of, owning_test, read_a
 from tests.conftest import ROOT
 
 SPAWNING = '''
-import subprocess, sys
+import os, subprocess, sys
 
-def test_spawns_two():
+def test_spawns_three():
     for code in ("pass", "import os; os._exit(0)"):
         subprocess.run([sys.executable, "-c", code], check=True)
+    # A test's own PYTHONPATH replaces the census's (as run_process(env=...) does).
+    subprocess.run([sys.executable, "-c", "pass"], check=True,
+                   env={**os.environ, "PYTHONPATH": os.getcwd()})
 
 def test_spawns_none():
     pass
@@ -27,8 +31,11 @@ def test_spawns_none():
 
 
 def test_a_census_logs_each_process_under_its_test(tmp_path: Path) -> None:
-    """Both children are logged under the test that started them, the one ending through
-    os._exit too; the pytest process itself under "(pytest workers)"."""
+    """The three children are logged under the test that started them: the one ending
+    through os._exit too, and the one whose PYTHONPATH its test replaced (the hook's .pth
+    file); the pytest process itself under "(pytest workers)". No .pth file is left."""
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    before = sorted(site_packages.glob("tfscale_suite_census_*.pth"))
     (tmp_path / "test_spawning.py").write_text(SPAWNING)
     out = tmp_path / "census"
     proc = subprocess.run([sys.executable, "-m", "bench.suite_census", "--out", str(out), "--",
@@ -43,9 +50,10 @@ def test_a_census_logs_each_process_under_its_test(tmp_path: Path) -> None:
         (r["pid"], r["start"]) for r in records)
     tests = sorted(owning_test(r) for r in records)
     assert tests[0] == "(pytest workers)", tests
-    assert [t.endswith("test_spawning.py::test_spawns_two") for t in tests[1:]] == [True, True]
+    assert [t.endswith("test_spawning.py::test_spawns_three") for t in tests[1:]] == [True] * 3
     assert not any(r["tensorflow"] for r in records)
-    assert "3 Python processes logged" in proc.stdout and "0 loaded TensorFlow" in proc.stdout
+    assert "4 Python processes logged" in proc.stdout and "0 loaded TensorFlow" in proc.stdout
+    assert sorted(site_packages.glob("tfscale_suite_census_*.pth")) == before
 
 
 def test_the_summary_ranks_tests_and_commands_by_cpu() -> None:
