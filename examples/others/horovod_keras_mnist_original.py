@@ -3,7 +3,7 @@ as written for ``horovod.tensorflow.keras``.
 
 Data-source change: MNIST cannot be downloaded here, so scikit-learn's bundled 8x8 digits
 stand in, upscaled to 28x28 (``load_digits_as_mnist``), and the run is shortened to 3 epochs
-of 20 steps. Horovod 0.28.1's own Keras layer does not run on TF 2.21 with Keras 3;
+of 10 steps. Horovod 0.28.1's own Keras layer does not run on TF 2.21 with Keras 3;
 ``horovod_keras_mnist.py`` is this script on tfscale.
 """
 
@@ -90,5 +90,5 @@ verbose = 1 if hvd.rank() == 0 else 0
 
 # Train the model.
 # Horovod: adjust number of steps based on number of GPUs.
-mnist_model.fit(dataset, steps_per_epoch=40 // hvd.size(), callbacks=callbacks, epochs=3,
+mnist_model.fit(dataset, steps_per_epoch=20 // hvd.size(), callbacks=callbacks, epochs=3,
                 verbose=verbose)
