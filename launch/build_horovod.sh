@@ -62,7 +62,7 @@ if ! ls "$dest"/horovod-*.whl >/dev/null 2>&1; then
     echo "[build_horovod] expected the RelWithDebInfo build type in $src/setup.py" >&2; exit 1; }
   sed -i "s/else 'RelWithDebInfo'/else 'Release'/" "$src/setup.py"
   # horovodrun asks whether Horovod was built with Gloo or MPI by importing horovod.tensorflow,
-  # and with it TensorFlow, in a forked process: 3.5 s of CPU per start (Zen 4; 6-8 s on an
+  # and with it TensorFlow, in a forked process: 3.5 s of CPU per start (Zen 4; 5.5-6.4 s on an
   # AVX2-only EPYC), 0.6 s patched (BUILD.md). Where tfscale is importable (always, beside tfscale-build-horovod) those
   # "built with" probes load the ops library through tfscale.exchange.horovod_runtime's
   # ops_library() instead, without TensorFlow; every other probe imports as before.

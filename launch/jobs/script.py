@@ -182,7 +182,7 @@ def preflight(req: JobRequest, needs: str) -> list[str]:
     hint = ("TFSCALE_WITH_MPI=1 bash launch/setup.sh" if needs == "mpi"
             else "bash launch/setup.sh")
     # tfscale's check loads Horovod's ops library without importing TensorFlow: 0.7 s of
-    # CPU, where importing horovod.tensorflow takes 4 s (6-8 s on an AVX2-only EPYC).
+    # CPU, where importing horovod.tensorflow takes 4 s (5.5-6.4 s on an AVX2-only EPYC).
     return [f"# The {req.strategy} strategy needs a Horovod built with {needs.upper()}.",
             f"TF_CPP_MIN_LOG_LEVEL=3 {shlex.quote(req.python)} - <<'TFSCALE_CHECK'",
             "import sys",
