@@ -8,7 +8,7 @@ ends, its test (``PYTEST_CURRENT_TEST``, which child processes inherit), its com
 had loaded TensorFlow, and its CPU seconds (user + system). The report says how busy the
 machine's cores were, how many processes loaded TensorFlow and what they cost, and which tests
 and commands spent the most. Most of the suite's CPU goes to TensorFlow's start-up (3-4 s of
-CPU per process on an AMD EPYC Zen 4, 4.4-6 s on an AVX2-only one), so the number of TensorFlow
+CPU per process on an AMD EPYC Zen 4, 4.4-6.1 s on an AVX2-only one), so the number of TensorFlow
 processes per test is what a cut of CI time has to reduce.
 
 The hook is also in a ``.pth`` file in the interpreter's ``site-packages`` for the run, so it
