@@ -37,12 +37,16 @@ link, in-node exchange, casts, host time per byte), not at the round's start; on
 such 3-second timing swung more than the drift it was to follow (docs/FORECAST.md, 2026-11-29
 morning), so the round's figures remain the better input (``--report --round_figures``). On
 the Xeon the VM slowed by up to a third within one round, more than the round's figures could
-follow (the same document, 2026-11-29, later).
+follow (the same document, 2026-11-29, later). With ``--bracketed_baselines`` each two-node run
+also gets the same baseline just after it (shared with the next run where it has the same model
+and ranks per node), and is calibrated on the mean of the two: one 1-minute baseline that
+landed in a slow minute made a forecast miss by 25% (the Zen 4's three rounds, 2026-12-02).
 
     python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines
-                                  --adjacent_figures]                    (as root)
+                                  --bracketed_baselines --adjacent_figures]   (as root)
     python -m bench.shaped_links --report [--result FILE]         (tables from the last run)
     [--round_figures]  (each run from its round's figures, not those timed beside it)
+    [--before_only]    (each run from its baseline before it only, not the mean around it)
 """
 
 from __future__ import annotations
@@ -309,7 +313,7 @@ def train(model: str, layout: Layout) -> dict[str, Any]:
 
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
             layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
-            figures: bool = False) -> dict[str, Any]:
+            figures: bool = False, bracketed: bool = False) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
     ``earlier`` (a saved result), its rounds are kept and these continue their count.
     ``layouts``: the two-node runs (the one-node runs always run, for their baselines).
@@ -317,7 +321,12 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     ranks per node run just before it (``baseline_images_per_sec``): this VM's speed drifted
     by a quarter within half an hour (bench.shaped_link_pairs, 2026-11-29), more than a
     round's one baseline, minutes away, can stand for. ``figures``: each two-node run also
-    gets the figures its forecast takes timed just before it (:func:`run_figures`)."""
+    gets the figures its forecast takes timed just before it (:func:`run_figures`).
+    ``bracketed`` (with ``adjacent``): each two-node run also gets the same baseline run just
+    after it (``after_baseline_images_per_sec``), which is the next run's before-baseline
+    where that run follows at once with the same model and ranks per node: baseline and run
+    alternate, B R B R B, and a drift that is linear over one run's minutes cancels in the
+    mean of the two around it."""
     OUT.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
     link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
@@ -331,7 +340,16 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     # gRPC's flat-ring figure is charged to multiworker's flat runs only.
     times_grpc = any(layout.strategy == "multiworker" and layout.algorithm == "flat"
                      for layout in layouts)
+    def baseline(model: str, layout: Layout) -> tuple[float, float | None]:
+        one_node = next(one for one in ONE_NODE if one.local == layout.local)
+        result = train(model, one_node)
+        return (result["steady_images_per_sec"] or result["images_per_sec"],
+                result.get("neighbour_images_per_sec"))
+
     for round_ in range(first, first + rounds):
+        # The baseline just run after a two-node run, kept for the next if it has the same
+        # model and ranks per node (then nothing else runs between the two).
+        after: tuple[str, int, tuple[float, float | None]] | None = None
         shape(0)
         grpc_ring = grpc_ring_figures() if times_grpc else {}
         link_rows.append({"round": round_, "gbit": 0.0,
@@ -354,11 +372,10 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             start = time.monotonic()
             adjacent_to: dict[str, Any] = {}
             if adjacent and layout.uses_link:
-                one_node = next(one for one in ONE_NODE if one.local == layout.local)
-                before = train(model, one_node)
                 adjacent_to["baseline_images_per_sec"] = (
-                    before["steady_images_per_sec"] or before["images_per_sec"],
-                    before.get("neighbour_images_per_sec"))
+                    after[2] if after and after[:2] == (model, layout.local)
+                    else baseline(model, layout))
+            after = None
             if figures and layout.uses_link:
                 adjacent_to["figures"] = run_figures(model, layout)
             result = train(model, layout)
@@ -371,6 +388,9 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                          "exchange": result.get("exchange"), "hosts": result.get("hosts"),
                          "num_workers": result["num_workers"],
                          "wall_s": time.monotonic() - start})
+            if bracketed and layout.uses_link:
+                runs[-1]["after_baseline_images_per_sec"] = baseline(model, layout)
+                after = (model, layout.local, runs[-1]["after_baseline_images_per_sec"])
             print(f"[round {round_}] {gbit:g} Gbit/s {model} {layout.name}: "
                   f"{result['images_per_sec']:.1f} images/s, after the first interval "
                   f"{result['steady_images_per_sec'] or float('nan'):.1f} "
@@ -409,6 +429,15 @@ def main() -> int:
     parser.add_argument("--adjacent_baselines", action="store_true",
                         help="run each two-node run's one-node baseline just before it (the "
                              "forecast of that run is calibrated on it, not on the round's)")
+    parser.add_argument("--bracketed_baselines", action="store_true",
+                        help="with --adjacent_baselines: also run each two-node run's one-node "
+                             "baseline just after it (the next run's before-baseline where it "
+                             "has the same model and ranks per node); its forecast is "
+                             "calibrated on the mean of the two")
+    parser.add_argument("--before_only", action="store_true",
+                        help="with --report: calibrate every run on its baseline before it "
+                             "only, where the set also ran one after (--bracketed_baselines): "
+                             "the two side by side")
     parser.add_argument("--adjacent_figures", action="store_true",
                         help="time the figures each two-node run's forecast takes (its link, "
                              "in-node exchange, casts, host time per byte) just before it, and "
@@ -422,12 +451,18 @@ def main() -> int:
                              "time per byte instead of the preset's (a what-if, e.g. "
                              "multiworker=6.9 from bench.transport_host_time's gRPC); repeatable")
     args = parser.parse_args()
-    if (args.adjacent_baselines or args.adjacent_figures) and args.report:
-        parser.error("--adjacent_baselines and --adjacent_figures go with a measurement, not "
-                     "--report (a result that has them is reported with them)")
-    if (args.result or args.host_ns or args.round_figures) and not args.report:
-        parser.error("--result, --host_ns and --round_figures go with --report (a measurement "
-                     "saves into bench/results/ and forecasts with the presets)")
+    if (args.adjacent_baselines or args.adjacent_figures or args.bracketed_baselines) \
+            and args.report:
+        parser.error("--adjacent_baselines, --bracketed_baselines and --adjacent_figures go "
+                     "with a measurement, not --report (a result that has them is reported "
+                     "with them)")
+    if args.bracketed_baselines and not args.adjacent_baselines:
+        parser.error("--bracketed_baselines adds a baseline after each run to the one before "
+                     "it: give it with --adjacent_baselines")
+    if (args.result or args.host_ns or args.round_figures or args.before_only) \
+            and not args.report:
+        parser.error("--result, --host_ns, --round_figures and --before_only go with --report "
+                     "(a measurement saves into bench/results/ and forecasts with the presets)")
     host_ns = host_ns_flags(parser, args.host_ns)
     by_name = {layout.name: layout for layout in ACROSS}
     wanted = [name.strip() for name in args.layouts.split(",") if name.strip()]
@@ -441,15 +476,18 @@ def main() -> int:
         with two_nodes():
             save("shaped_links", measure([float(x) for x in args.links.split(",")],
                                          args.rounds, earlier, layouts,
-                                         args.adjacent_baselines, args.adjacent_figures))
+                                         args.adjacent_baselines, args.adjacent_figures,
+                                         args.bracketed_baselines))
     from bench.shaped_links_report import report
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the
     # command there without a BrokenPipeError traceback.
     result = json.loads((args.result or OUT / "shaped_links.json").read_text())
-    if args.round_figures:
-        for run in result["runs"]:
+    for run in result["runs"]:
+        if args.round_figures:
             run.pop("figures", None)
+        if args.before_only:
+            run.pop("after_baseline_images_per_sec", None)
     print(report(result, host_ns))
     return 0
 

@@ -19,7 +19,9 @@ Kept apart from the measurement so that the tables can be remade from the saved 
   1/L share of them when hierarchical) and the ping-pong latency, the shared-memory exchange
   inside a node, and the 1xL run's images/s (the 1-node figure, as for Summit). No 2-node run
   enters it. Where the set has them, a run's own one-node baseline (``--adjacent_baselines``)
-  and its own figures (``--adjacent_figures``), timed just before it, replace the round's.
+  and its own figures (``--adjacent_figures``), timed just before it, replace the round's;
+  where it also ran the baseline just after the run (``--bracketed_baselines``), the mean of
+  the two.
 - **Spread**: with several rounds, how far each round's efficiency lies from the same run's
   mean over the rounds. The forecast takes the baseline and predicts the run; where the
   measured ratio of the two moves by more than 10% between rounds, no forecast from the
@@ -73,14 +75,27 @@ def rate_of(run: dict[str, Any]) -> float:
     return (rate + neighbour) / 2 if neighbour else rate
 
 
+def _pair_rate(pair: list[float | None]) -> float:
+    rate, neighbour = pair
+    return rate_of({"images_per_sec": rate, "neighbour_images_per_sec": neighbour})
+
+
 def baseline_of(run: dict[str, Any]) -> float | None:
     """The run's own one-node baseline where the set ran one just before it
-    (``--adjacent_baselines``: the mean of its two nodes' rates), else None."""
+    (``--adjacent_baselines``: the mean of its two nodes' rates), and where it also ran one
+    just after it (``--bracketed_baselines``) the mean of the two; else None."""
     pair = run.get("baseline_images_per_sec")
     if not pair:
         return None
-    rate, neighbour = pair
-    return rate_of({"images_per_sec": rate, "neighbour_images_per_sec": neighbour})
+    after = run.get("after_baseline_images_per_sec")
+    return (_pair_rate(pair) + _pair_rate(after)) / 2 if after else _pair_rate(pair)
+
+
+def bracket_drift(run: dict[str, Any]) -> float | None:
+    """How far the baseline after a run lies from the one before it, as a fraction of the
+    one before (``--bracketed_baselines``): the VM's drift over the run's minutes."""
+    pair, after = run.get("baseline_images_per_sec"), run.get("after_baseline_images_per_sec")
+    return _pair_rate(after) / _pair_rate(pair) - 1 if pair and after else None
 
 
 # A round's one-node figures given per model or per transport: a run's own timing replaces
@@ -332,6 +347,13 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
                f"baseline): {sum(abs(d) > 0.10 for d in deviations)} of {len(deviations)} "
                f"rounds more than 10% from their run's mean, up to "
                f"{max(abs(d) for d in deviations):.1%}.", ""] if deviations else [])
+    drifts = [d for d in map(bracket_drift, result["runs"]) if d is not None]
+    if drifts:
+        spread += [f"The baseline after a run against the one before it "
+                   f"(--bracketed_baselines): {sum(abs(d) > 0.05 for d in drifts)} of "
+                   f"{len(drifts)} runs more than 5% apart, median "
+                   f"{statistics.median(drifts):+.1%}, from {min(drifts):+.1%} to "
+                   f"{max(drifts):+.1%}.", ""]
     worst = max(forecast, key=miss, default=None)
     worst_text = (f"; worst {worst['forecast error']} ({worst['model']}, {worst['link']}, "
                   f"{worst['run']})" if worst else "")

@@ -1000,6 +1000,61 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
     assert figures["node"]["idle_ns_per_byte"] == {"tcp": 1.0, "ring": 1.0}
 
 
+def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--bracketed_baselines``: each two-node run gets its one-node baseline just before and
+    just after it, and the one after is the next run's before where that run has the same
+    model and ranks per node (B R B R B, nothing else between). The report calibrates the run
+    on the mean of the two, ``--before_only`` on the first; a drift the VM makes linearly
+    over the run cancels in the mean."""
+    from bench import shaped_links
+    from bench.shaped_links_report import baseline_of, bracket_drift
+
+    order: list[str] = []
+
+    def train(model: str, layout: Any) -> dict[str, Any]:
+        order.append(f"{model} {layout.name}")
+        rate = 100.0 * len(order)  # the VM speeds up with every job: a linear drift
+        return {"images_per_sec": rate, "steady_images_per_sec": rate,
+                "neighbour_images_per_sec": rate, "num_workers": layout.nodes * layout.local}
+
+    monkeypatch.setattr(shaped_links, "OUT", tmp_path)
+    monkeypatch.setattr(shaped_links, "save", lambda *args: None)
+    monkeypatch.setattr(shaped_links, "shape", lambda gbit: None)
+    monkeypatch.setattr(shaped_links, "train", train)
+    monkeypatch.setattr(shaped_links, "link_figures",
+                        lambda: {"sizes": [{"busbw_GBps": 1.0}],
+                                 "pingpong": {"latency_us": 40.0}})
+    for name in ("in_node_figures", "cast_figures", "idle_figures"):
+        monkeypatch.setattr(shaped_links, name, lambda *args: {})
+    layouts = {layout.name: layout for layout in shaped_links.ACROSS}
+    chosen = (layouts["2x1"], layouts["2x2 flat"], layouts["2x2 ddl"])
+    result = shaped_links.measure([10.0], 1, layouts=chosen, adjacent=True, bracketed=True)
+    mlp = [job for job in order if job.startswith("mlp")]
+    assert mlp == ["mlp 1x1", "mlp 1x2",  # the round's one-node runs come first
+                   "mlp 1x1", "mlp 2x1", "mlp 1x1",
+                   "mlp 1x2", "mlp 2x2 flat", "mlp 1x2", "mlp 2x2 ddl", "mlp 1x2"], mlp
+    runs = {(run["model"], run["layout"]): run for run in result["runs"]}
+    flat, ddl = runs["mlp", "2x2 flat"], runs["mlp", "2x2 ddl"]
+    assert flat["after_baseline_images_per_sec"] == ddl["baseline_images_per_sec"]
+    # Baseline, run, baseline are three jobs in a row: the mean of the two baselines is the
+    # VM's speed at the run's own moment; the one before alone is a job behind.
+    before = flat["baseline_images_per_sec"][0]
+    assert flat["images_per_sec"] == before + 100
+    assert baseline_of(flat) == pytest.approx(flat["images_per_sec"])
+    assert bracket_drift(flat) == pytest.approx(200 / before)
+    assert baseline_of({"baseline_images_per_sec": [400.0, None]}) == 400.0
+    assert bracket_drift({"baseline_images_per_sec": [400.0, None]}) is None
+    assert all("after_baseline_images_per_sec" not in run and "baseline_images_per_sec" not in run
+               for run in result["runs"] if run["layout"] in ("1x1", "1x2"))
+    # Without --bracketed_baselines, no baseline after: one before each run, as before.
+    order.clear()
+    result = shaped_links.measure([10.0], 1, layouts=chosen[1:], adjacent=True)
+    assert [job for job in order if job.startswith("mlp")][2:] == [
+        "mlp 1x2", "mlp 2x2 flat", "mlp 1x2", "mlp 2x2 ddl"]
+    assert all("after_baseline_images_per_sec" not in run for run in result["runs"])
+
+
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
     """``bench.shaped_links --report | head`` must not end in a BrokenPipeError traceback: the
     pipe's reader is gone before the command starts, so its first write meets it."""
