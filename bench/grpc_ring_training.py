@@ -17,7 +17,7 @@ at the model's size and at 16 MiB. Rounds alternate the order of the 2x2 run and
 Images/s are each job's after its first progress interval (``bench.shaped_links``).
 
     python -m bench.grpc_ring_training [--rounds 2] [--models mlp,resnet50]
-    python -m bench.grpc_ring_training --report [--result FILE]
+    python -m bench.grpc_ring_training --report [--result FILE ...]   (rounds pooled)
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    OUT,
     ROOT,
+    add_report_flags,
     cpu_description,
     gradient_bytes,
     in_round_order,
+    print_saved_report,
     save,
     table,
     train_command,
@@ -86,27 +87,31 @@ def _jobs(model: str, cores: Sequence[int], flags: Sequence[str], tmp: Path
     return procs
 
 
-def _rate(procs: list[subprocess.Popen[str]], what: str) -> float:
-    """The first worker's steady images/s once every worker of the job has ended."""
+def _rates(jobs: list[list[subprocess.Popen[str]]], what: str) -> list[float]:
+    """Each job's first worker's steady images/s once every worker of every job has ended;
+    on a failure, every worker of every job is stopped."""
     from bench.shaped_links import steady_rate
 
-    outs = []
+    rates = []
     try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=1800)
-            if proc.returncode:
-                raise RuntimeError(f"{what}: a worker failed (exit {proc.returncode}):\n"
-                                   f"{err[-2000:]}")
-            outs.append(out)
+        for procs in jobs:
+            outs = []
+            for proc in procs:
+                out, err = proc.communicate(timeout=1800)
+                if proc.returncode:
+                    raise RuntimeError(f"{what}: a worker failed (exit {proc.returncode}):\n"
+                                       f"{err[-2000:]}")
+                outs.append(out)
+            rate = steady_rate(outs[0])
+            if rate is None:
+                raise RuntimeError(f"{what}: fewer than two progress lines in its output")
+            rates.append(rate)
     finally:
-        for proc in procs:
+        for proc in (proc for procs in jobs for proc in procs):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    rate = steady_rate(outs[0])
-    if rate is None:
-        raise RuntimeError(f"{what}: fewer than two progress lines in its output")
-    return rate
+    return rates
 
 
 def measure(rounds: int, models: list[str]) -> dict[str, Any]:
@@ -120,14 +125,13 @@ def measure(rounds: int, models: list[str]) -> dict[str, Any]:
             for part in in_round_order(["ring", "nodes"], r):
                 with tempfile.TemporaryDirectory() as tmp:
                     if part == "ring":
-                        row["ring_images_per_sec"] = _rate(_jobs(
+                        row["ring_images_per_sec"] = _rates([_jobs(
                             model, [0, 0, 1, 1], ["--node_exchange=collectives"],
-                            Path(tmp) / "ring"), f"{model} 2x2")
+                            Path(tmp) / "ring")], f"{model} 2x2")[0]
                     else:
-                        first = _jobs(model, [0, 0], BASELINE_FLAGS, Path(tmp) / "a")
-                        second = _jobs(model, [1, 1], BASELINE_FLAGS, Path(tmp) / "b")
-                        row["node_images_per_sec"] = [_rate(first, f"{model} 1x2"),
-                                                      _rate(second, f"{model} 1x2")]
+                        row["node_images_per_sec"] = _rates(
+                            [_jobs(model, [core, core], BASELINE_FLAGS, Path(tmp) / str(core))
+                             for core in (0, 1)], f"{model} 1x2")
             batch = int(next(f.split("=")[1] for f in MODELS[model]
                              if f.startswith("--batch_size=")))
             row["training_ns_per_stack_byte"] = ns_per_stack_byte(
@@ -161,19 +165,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--models", default="mlp,resnet50")
-    parser.add_argument("--report", action="store_true", help="the tables of a saved result")
-    parser.add_argument("--result", type=Path, help="with --report: that result, not the last")
+    add_report_flags(parser)
     args = parser.parse_args()
     if args.result and not args.report:
         parser.error("--result goes with --report")
     if args.report:
-        path = args.result or OUT / "grpc_ring_training.json"
-        if not path.exists():
-            parser.error(f"--report: {path} does not exist; run without --report first")
-        result = json.loads(path.read_text())
-    else:
-        result = measure(args.rounds, [m.strip() for m in args.models.split(",") if m.strip()])
-        save("grpc_ring_training", result)
+        print_saved_report(parser, args.result, "grpc_ring_training", report)
+        return 0
+    result = measure(args.rounds, [m.strip() for m in args.models.split(",") if m.strip()])
+    save("grpc_ring_training", result)
     print(report(result))
     return 0
 
