@@ -17,8 +17,10 @@ shaped rate) and against ``tfscale.forecast``, whose machine is calibrated on th
 1-node runs and link measurements only (never on a 2-node run).
 
 multiworker's flat runs are charged gRPC's host figure timed in their own topology
-(``python -m tfscale.cli.host_time grpc N --flat_ring``), at each round's start and end, the
-mean of both (since 2026-11-28 night; the set before timed it once, at the start).
+(``python -m tfscale.cli.host_time grpc N --flat_ring``), twice at each round's start and twice
+at its end, the median of the four (since 2026-12-04; from 2026-11-28 night once at each end,
+the mean of the two; the set before once, at the start). One 3-second timing ran 3x slow on
+the Zen 3 and alone set a run's forecast 30% off (docs/FORECAST.md, 2026-12-04).
 
 Every node has one core of this machine (launch.minicluster), so the 2 ranks of a node share
 it. The kernel here has no ``netem``: latency is the path's own, measured, not added.
@@ -56,6 +58,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -197,14 +200,38 @@ def in_node_figures(*flags: str) -> dict[str, Any]:
     return result
 
 
-def grpc_ring_figures(models: tuple[str, ...] = tuple(MODELS)) -> dict[str, float]:
-    """Per model: gRPC's host nanoseconds per stack byte in the 2x2 flat ring's own topology
-    at the model's gradient size (:func:`tfscale.cli.host_time.flat_ring`: four workers on
-    the host, each node's two on one core, no link between them)."""
+#: gRPC flat-ring timings per model at each end of a round: with the end's, four, whose median
+#: is charged, so one timing that runs slow (3x on the Zen 3, 2026-12-03) sets nothing alone.
+GRPC_TIMINGS = 2
+#: Timings per model for one run's own figures (``--adjacent_figures``): the median of three.
+RUN_GRPC_TIMINGS = 3
+
+
+def grpc_ring_timings(models: tuple[str, ...] = tuple(MODELS),
+                      count: int = GRPC_TIMINGS) -> dict[str, list[float]]:
+    """Per model, ``count`` timings of gRPC's host nanoseconds per stack byte in the 2x2 flat
+    ring's own topology at the model's gradient size (:func:`tfscale.cli.host_time.flat_ring`:
+    four workers on the host, each node's two on one core, no link between them), the models
+    taken in turn so that a slow stretch of the VM does not fall on one model's alone."""
     from bench.common import gradient_bytes
     from tfscale.cli.host_time import flat_ring
 
-    return {model: flat_ring(gradient_bytes(model)) for model in models}
+    timings: dict[str, list[float]] = {model: [] for model in models}
+    for _ in range(count):
+        for model in models:
+            timings[model].append(flat_ring(gradient_bytes(model)))
+    return timings
+
+
+def median_figures(timings: dict[str, list[float]]) -> dict[str, float]:
+    """Per model, the median of its timings (of two, their mean)."""
+    return {model: statistics.median(values) for model, values in timings.items()}
+
+
+def grpc_ring_figures(models: tuple[str, ...] = tuple(MODELS)) -> dict[str, float]:
+    """Per model, gRPC's flat-ring figure for one run: the median of
+    :data:`RUN_GRPC_TIMINGS` timings (:func:`grpc_ring_timings`)."""
+    return median_figures(grpc_ring_timings(models, RUN_GRPC_TIMINGS))
 
 
 def cast_figures(models: tuple[str, ...] = tuple(MODELS)) -> dict[str, float]:
@@ -351,14 +378,15 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         # model and ranks per node (then nothing else runs between the two).
         after: tuple[str, int, tuple[float, float | None]] | None = None
         shape(0)
-        grpc_ring = grpc_ring_figures() if times_grpc else {}
+        grpc_ring = grpc_ring_timings() if times_grpc else {}
         link_rows.append({"round": round_, "gbit": 0.0,
                           "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                           "in_node": in_node_figures(),
                           "in_node_ring": in_node_figures("--horovod"),
                           "cast_ns_per_byte": cast_figures(),
                           "idle_ns_per_byte": idle_figures(IDLE_BYTES),
-                          "grpc_ring_ns_per_stack_byte": grpc_ring})
+                          "grpc_ring_timings": grpc_ring,
+                          "grpc_ring_ns_per_stack_byte": median_figures(grpc_ring)})
         node_row = link_rows[-1]
         for gbit in in_round_order(links, round_):
             shape(gbit)
@@ -399,14 +427,14 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             save("shaped_links", {**header, "partial": True, "links": link_rows, "runs": runs})
         if times_grpc:
             # gRPC's figure again at the round's end: one 3-second timing swung by up to 45%
-            # between rounds (the grpc_topology set), more than the runs it is charged to.
-            # The round's figure is the mean of both; each timing is kept.
+            # between rounds (the grpc_topology set), more than the runs it is charged to, and
+            # one ran 3x slow (the Zen 3, 2026-12-03). The round's figure is the median of all
+            # its timings; each is kept.
             shape(0)
-            ends = grpc_ring_figures()
-            node_row["grpc_ring_timings"] = {model: [grpc_ring[model], ends[model]]
-                                             for model in grpc_ring}
-            node_row["grpc_ring_ns_per_stack_byte"] = {
-                model: (grpc_ring[model] + ends[model]) / 2 for model in grpc_ring}
+            ends = grpc_ring_timings()
+            for model, values in ends.items():
+                grpc_ring[model].extend(values)
+            node_row["grpc_ring_ns_per_stack_byte"] = median_figures(grpc_ring)
             save("shaped_links", {**header, "partial": True, "links": link_rows, "runs": runs})
     shape(0)
     return {**header, "links": link_rows, "runs": runs}

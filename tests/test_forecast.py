@@ -1055,6 +1055,49 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     assert all("after_baseline_images_per_sec" not in run for run in result["runs"])
 
 
+def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """gRPC's flat-ring figure, charged to multiworker's flat runs, is timed twice per model at
+    a round's start and twice at its end, and the round charges the median of the four: one
+    timing that runs 3x slow (the Zen 3's 18.34 ns beside 5.63, 2026-12-03) sets nothing
+    alone, where the mean of one timing at each end moved the run's forecast by 20 points.
+    A run's own figures (``--adjacent_figures``) take the median of three."""
+    import tfscale.cli.host_time
+    from bench import shaped_links
+    from bench.common import gradient_bytes
+
+    # Per model, in the order timed: the round's start, then its end; one slow start.
+    slow = {"mlp": iter([6.6, 2.2, 2.0, 2.4]), "resnet50": iter([18.3, 4.0, 5.6, 4.4])}
+    sizes = {gradient_bytes(model): model for model in slow}
+    monkeypatch.setattr(tfscale.cli.host_time, "flat_ring", lambda n: next(slow[sizes[n]]))
+    monkeypatch.setattr(shaped_links, "OUT", tmp_path)
+    monkeypatch.setattr(shaped_links, "save", lambda *args: None)
+    monkeypatch.setattr(shaped_links, "shape", lambda gbit: None)
+    monkeypatch.setattr(shaped_links, "train", lambda model, layout: {
+        "images_per_sec": 1.0, "steady_images_per_sec": 1.0, "num_workers": 1})
+    monkeypatch.setattr(shaped_links, "link_figures",
+                        lambda: {"sizes": [{"busbw_GBps": 1.0}],
+                                 "pingpong": {"latency_us": 40.0}})
+    for name in ("in_node_figures", "cast_figures", "idle_figures"):
+        monkeypatch.setattr(shaped_links, name, lambda *args: {})
+    flat = next(layout for layout in shaped_links.ACROSS
+                if layout.name == "2x2 multiworker flat")
+    node = shaped_links.measure([25.0], 1, layouts=(flat,))["links"][0]
+    assert node["gbit"] == 0.0
+    assert node["grpc_ring_timings"] == {"mlp": [6.6, 2.2, 2.0, 2.4],
+                                         "resnet50": [18.3, 4.0, 5.6, 4.4]}
+    assert node["grpc_ring_ns_per_stack_byte"] == pytest.approx({"mlp": 2.3, "resnet50": 5.0})
+    assert all(not list(timings) for timings in slow.values())  # no timing left unused
+    # No multiworker flat run in the set: gRPC is not timed at all.
+    hierarchical = next(layout for layout in shaped_links.ACROSS
+                        if layout.name == "2x2 multiworker hierarchical")
+    node = shaped_links.measure([25.0], 1, layouts=(hierarchical,))["links"][0]
+    assert node["grpc_ring_ns_per_stack_byte"] == {} and node["grpc_ring_timings"] == {}
+    # One run's own figure: the median of three timings.
+    slow["mlp"] = iter([2.1, 9.0, 2.5])
+    assert shaped_links.grpc_ring_figures(("mlp",)) == {"mlp": 2.5}
+
+
 def test_shaped_links_report_into_a_closed_pipe_ends_quietly() -> None:
     """``bench.shaped_links --report | head`` must not end in a BrokenPipeError traceback: the
     pipe's reader is gone before the command starts, so its first write meets it."""
