@@ -332,6 +332,22 @@ def hierarchy_wins(run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def grpc_timing_lines(link_rows: list[dict[str, Any]]) -> list[str]:
+    """One line per round that timed gRPC's flat ring: each model's timings in the order
+    taken (ns per stack byte) and the figure the round charged (their median; sets before
+    2026-12-04 took one timing at each end and charged the mean)."""
+    lines = []
+    for row in link_rows:
+        timings = row.get("grpc_ring_timings") or {}
+        charged = row.get("grpc_ring_ns_per_stack_byte") or {}
+        if timings:
+            models = "; ".join(
+                f"{model} {', '.join(f'{t:.2f}' for t in values)}, charged {charged[model]:.2f}"
+                for model, values in sorted(timings.items()))
+            lines.append(f"gRPC's flat ring, round {row['round']} (ns per stack byte): {models}.")
+    return [*lines, ""] if lines else []
+
+
 def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -> str:
     """The tables of ``result``; ``host_ns`` as for :func:`machine_for`, named in the count."""
     link_rows, run_rows = rows(result, host_ns)
@@ -354,6 +370,7 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
                    f"{len(drifts)} runs more than 5% apart, median "
                    f"{statistics.median(drifts):+.1%}, from {min(drifts):+.1%} to "
                    f"{max(drifts):+.1%}.", ""]
+    spread += grpc_timing_lines(result["links"])
     worst = max(forecast, key=miss, default=None)
     worst_text = (f"; worst {worst['forecast error']} ({worst['model']}, {worst['link']}, "
                   f"{worst['run']})" if worst else "")

@@ -1065,6 +1065,7 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
     import tfscale.cli.host_time
     from bench import shaped_links
     from bench.common import gradient_bytes
+    from bench.shaped_links_report import grpc_timing_lines
 
     # Per model, in the order timed: the round's start, then its end; one slow start.
     slow = {"mlp": iter([6.6, 2.2, 2.0, 2.4]), "resnet50": iter([18.3, 4.0, 5.6, 4.4])}
@@ -1082,17 +1083,23 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
     flat = next(layout for layout in shaped_links.ACROSS
                 if layout.name == "2x2 multiworker flat")
-    node = shaped_links.measure([25.0], 1, layouts=(flat,))["links"][0]
+    links = shaped_links.measure([25.0], 1, layouts=(flat,))["links"]
+    node = links[0]
     assert node["gbit"] == 0.0
     assert node["grpc_ring_timings"] == {"mlp": [6.6, 2.2, 2.0, 2.4],
                                          "resnet50": [18.3, 4.0, 5.6, 4.4]}
     assert node["grpc_ring_ns_per_stack_byte"] == pytest.approx({"mlp": 2.3, "resnet50": 5.0})
     assert all(not list(timings) for timings in slow.values())  # no timing left unused
+    # The report shows every timing beside the figure charged.
+    assert grpc_timing_lines(links) == [
+        "gRPC's flat ring, round 0 (ns per stack byte): mlp 6.60, 2.20, 2.00, 2.40, charged "
+        "2.30; resnet50 18.30, 4.00, 5.60, 4.40, charged 5.00.", ""]
     # No multiworker flat run in the set: gRPC is not timed at all.
     hierarchical = next(layout for layout in shaped_links.ACROSS
                         if layout.name == "2x2 multiworker hierarchical")
     node = shaped_links.measure([25.0], 1, layouts=(hierarchical,))["links"][0]
     assert node["grpc_ring_ns_per_stack_byte"] == {} and node["grpc_ring_timings"] == {}
+    assert grpc_timing_lines([node]) == []
     # One run's own figure: the median of three timings.
     slow["mlp"] = iter([2.1, 9.0, 2.5])
     assert shaped_links.grpc_ring_figures(("mlp",)) == {"mlp": 2.5}
