@@ -767,6 +767,14 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # ... and three rounds of it at 25 Gbit/s, each run the mean of its rounds.
     ("shaped_links_2026-12-02_zen4_25gbit_3rounds.json", (), "14 of 16",
      "-15.7% (resnet50, 25 Gbit/s, 2x2 multiworker flat)"),
+    # On an AVX2-only Zen 3, each run between two baselines; then its gRPC miss again.
+    ("shaped_links_2026-12-03_zen3_bracketed.json", (), "11 of 16",
+     "-30.9% (resnet50, 25 Gbit/s, 2x2 multiworker flat)"),
+    ("shaped_links_2026-12-04_zen3_grpc_flat.json", (), "2 of 2",
+     "+7.2% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    # On a Zen 2, gRPC's figure the median of four timings per round.
+    ("shaped_links_2026-12-04_zen2_multiworker.json", (), "4 of 4",
+     "+7.3% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
