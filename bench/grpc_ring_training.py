@@ -116,6 +116,7 @@ def _rates(jobs: list[list[subprocess.Popen[str]]], what: str) -> list[float]:
 
 def measure(rounds: int, models: list[str]) -> dict[str, Any]:
     from bench.shaped_links import MODELS
+    from bench.shaped_links_report import batch_of
     from tfscale.cli.host_time import flat_ring
 
     runs: list[dict[str, Any]] = []
@@ -132,10 +133,9 @@ def measure(rounds: int, models: list[str]) -> dict[str, Any]:
                         row["node_images_per_sec"] = _rates(
                             [_jobs(model, [core, core], BASELINE_FLAGS, Path(tmp) / str(core))
                              for core in (0, 1)], f"{model} 1x2")
-            batch = int(next(f.split("=")[1] for f in MODELS[model]
-                             if f.startswith("--batch_size=")))
             row["training_ns_per_stack_byte"] = ns_per_stack_byte(
-                model, row["ring_images_per_sec"], row["node_images_per_sec"], batch)
+                model, row["ring_images_per_sec"], row["node_images_per_sec"],
+                batch_of(MODELS[model]))
             row["bare_ns_per_stack_byte"] = flat_ring(gradient_bytes(model))
             row["bare_small_ns_per_stack_byte"] = flat_ring(SMALL_BYTES)
             runs.append(row)

@@ -139,6 +139,11 @@ def _size_row(figures: dict[str, Any], nbytes: float = 64 * 2**20) -> dict[str, 
     return row
 
 
+def batch_of(flags: list[str]) -> int:
+    """The per-rank batch size in a model's ``tfscale.train`` flags (``--batch_size=N``)."""
+    return int(next(f.split("=", 1)[1] for f in flags if f.startswith("--batch_size=")))
+
+
 def message_bytes(gradient_bytes: float, layout: Any) -> float:
     """What one all-reduce call of the run carries: every gradient, fused (flat), or a node's
     1/L share of them (hierarchical), half as many bytes in float16."""
@@ -264,8 +269,7 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
                   key=lambda k: (k[1], k[0], list(layouts).index(k[2])))
     for gbit, model, name in keys:
         layout = layouts[name]
-        batch = int(next(f.split("=")[1] for f in result["models"][model]
-                         if f.startswith("--batch_size=")))
+        batch = batch_of(result["models"][model])
         gradient_bytes = load("minicluster_1gbit").model(model).gradient_bytes
         measured, floors, forecasts, effs, per_byte = [], [], [], [], []
         for r in sorted(runs):
