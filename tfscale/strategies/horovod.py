@@ -29,6 +29,7 @@ from tfscale.config.options import Option
 from tfscale.exchange import sharded_update
 from tfscale.exchange.hierarchical import HierarchicalAllReduce
 from tfscale.exchange.horovod_runtime import HorovodCollectives, check_installed, start_horovod
+from tfscale.exchange.horovod_timeline import TIMELINE_FILE
 from tfscale.exchange.optimizer import horovod_allreduce, with_gradient_reduction
 from tfscale.exchange.placement import NODE_EXCHANGE
 from tfscale.exchange.setup import (
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from tfscale.config.settings import StrategySettings
 
 # Where --horovod_timeline and --horovod_autotune write, in the model_dir.
-TIMELINE_FILE = "horovod_timeline.json"
 AUTOTUNE_FILE = "horovod_autotune.csv"
 
 # Horovod's knobs: performance only, so another strategy given them warns and goes on.
