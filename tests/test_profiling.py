@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import TINY, read_results, requires_horovod, run_train
 from tfscale.cli import plugins
 from tfscale.config.train_config import TrainConfig
-from tfscale.exchange.horovod_timeline import load, summarize
+from tfscale.exchange.horovod_timeline import TIMELINE_FILE, load, summarize
 from tfscale.strategies.ddl import DDLStrategy
 from tfscale.strategies.horovod import HorovodStrategy
 
@@ -55,9 +55,9 @@ def test_horovod_timeline_and_autotune_log_are_written(tmp_path: Path) -> None:
     assert read_results(tmp_path)["steps"] == 30
     # On one node the gradients would take shared memory and leave Horovod nothing to record.
     assert "gradients inside a node: Horovod (Gloo)" in proc.stdout
-    timeline = (tmp_path / "horovod_timeline.json").read_text()
+    timeline = (tmp_path / TIMELINE_FILE).read_text()
     # Horovod writes a JSON array of trace events and may leave it unterminated: load reads it.
-    events = load(tmp_path / "horovod_timeline.json")
+    events = load(tmp_path / TIMELINE_FILE)
     assert any("ALLREDUCE" in str(event.get("name", "")) for event in events), timeline[:500]
     # The summary of the same file (tfscale.cli.timeline): Gloo's all-reduces, in messages.
     rows = {row.name: row for row in summarize(events, skip=0.0)}

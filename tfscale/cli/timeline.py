@@ -37,9 +37,14 @@ def main(argv: list[str] | None = None) -> int:
               f"strategy) to write MODEL_DIR/{TIMELINE_FILE}", file=sys.stderr)
         return EXIT_ERROR
     try:
-        rows = summarize(load(path), args.skip)
+        events = load(path)  # its errors name the file
     except ValueError as err:
-        print(f"{path}: {err}" if str(path) not in str(err) else str(err), file=sys.stderr)
+        print(err, file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        rows = summarize(events, args.skip)
+    except ValueError as err:
+        print(f"{path}: {err}", file=sys.stderr)
         return EXIT_ERROR
     print(f"{path} (rank 0's view; the first {args.skip:.0%} of its time left out)\n")
     print(table(rows))

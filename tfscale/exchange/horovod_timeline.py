@@ -28,13 +28,13 @@ from typing import Any
 #: The timeline's file in the model directory (``--horovod_timeline``).
 TIMELINE_FILE = "horovod_timeline.json"
 
+
 @dataclasses.dataclass(frozen=True)
 class Span:
     """One activity of one tensor: begin and duration in microseconds since the timeline's
     start."""
 
     name: str
-    tensor: str
     start_us: float
     duration_us: float
 
@@ -78,19 +78,16 @@ def load(path: Path) -> list[dict[str, Any]]:
 def spans(events: Iterable[dict[str, Any]]) -> list[Span]:
     """Every begin/end pair of the timeline, matched per tensor (they nest), by start time.
     A begin with no end (the job stopped inside it) is left out."""
-    names: dict[Any, str] = {}
     open_: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     found = []
     for event in events:
         pid, phase = event.get("pid"), event.get("ph")
-        if phase == "M" and event.get("name") == "process_name":
-            names[pid] = str(event.get("args", {}).get("name", pid))
-        elif phase == "B":
+        if phase == "B":
             open_[pid].append(event)
         elif phase == "E" and open_[pid]:
             begin = open_[pid].pop()
-            found.append(Span(str(begin.get("name")), names.get(pid, str(pid)),
-                              float(begin["ts"]), float(event["ts"]) - float(begin["ts"])))
+            found.append(Span(str(begin.get("name")), float(begin["ts"]),
+                              float(event["ts"]) - float(begin["ts"])))
     return sorted(found, key=lambda s: s.start_us)
 
 

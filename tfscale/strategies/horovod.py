@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from tfscale.config.settings import StrategySettings
 
-# Where --horovod_timeline and --horovod_autotune write, in the model_dir.
+# Where --horovod_autotune writes, in the model_dir (--horovod_timeline: TIMELINE_FILE).
 AUTOTUNE_FILE = "horovod_autotune.csv"
 
 # Horovod's knobs: performance only, so another strategy given them warns and goes on.
