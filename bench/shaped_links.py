@@ -43,9 +43,13 @@ follow (the same document, 2026-11-29, later). With ``--bracketed_baselines`` ea
 also gets the same baseline just after it (shared with the next run where it has the same model
 and ranks per node), and is calibrated on the mean of the two: one 1-minute baseline that
 landed in a slow minute made a forecast miss by 25% (the Zen 4's three rounds, 2026-12-02).
+With ``--horovod_timelines`` each Horovod run across nodes (horovod, ddl) also writes Horovod's
+timeline, and the set keeps rank 0's summed per activity (tfscale.exchange.horovod_timeline);
+the report sets it per step beside the forecast's exchange.
 
     python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines
-                                  --bracketed_baselines --adjacent_figures]   (as root)
+                                  --bracketed_baselines --adjacent_figures
+                                  --horovod_timelines]   (as root)
     python -m bench.shaped_links --report [--result FILE]         (tables from the last run)
     [--round_figures]  (each run from its round's figures, not those timed beside it)
     [--before_only]    (each run from its baseline before it only, not the mean around it)
@@ -70,6 +74,7 @@ from typing import Any
 from bench.common import OUT, ROOT, cpu_description, in_round_order, save
 from bench.transport_host_time import idle_figures
 from tfscale.cli.output import ends_quietly
+from tfscale.exchange.horovod_timeline import TIMELINE_FILE, load, summarize
 from tfscale.forecast.calibrate import progress_rates
 
 CLUSTER = [sys.executable, "-m", "launch.minicluster"]
@@ -101,6 +106,11 @@ class Layout:
     @property
     def uses_link(self) -> bool:
         return self.nodes > 1
+
+    @property
+    def has_timeline(self) -> bool:
+        """Whether ``--horovod_timeline`` applies: a Horovod exchange across nodes."""
+        return self.uses_link and self.strategy in ("horovod", "ddl")
 
 
 # The one-node runs are the forecast's compute figure for a node whose ranks each apply the
@@ -296,24 +306,36 @@ def steady_rate(stdout: str) -> float | None:
     return sum(steps for steps, _ in later) / sum(steps / rate for steps, rate in later)
 
 
-def _train_command(model: str, layout: Layout, where: list[str], model_dir: Path) -> list[str]:
+def _train_command(model: str, layout: Layout, where: list[str], model_dir: Path,
+                   timeline: bool = False) -> list[str]:
     mpi = ["--mpi=pmix"] if layout.strategy != "multiworker" else []
     return [*CLUSTER, "exec", "srun", *where, f"--ntasks-per-node={layout.local}", *mpi,
             "--kill-on-bad-exit=1", sys.executable, "-m", "tfscale.train", *MODELS[model],
             f"--strategy={layout.strategy}", *layout.flags, "--learning_rate=0.01",
-            "--tensorboard=false", f"--model_dir={model_dir}"]
+            "--tensorboard=false", f"--model_dir={model_dir}",
+            *(["--horovod_timeline"] if timeline else [])]
 
 
-def train(model: str, layout: Layout) -> dict[str, Any]:
+# The part of a run's timeline left out of its summary: about the first progress interval,
+# which steady_rate leaves out too (mlp's first 200 of 1,000 steps, resnet50's first 4 of 24,
+# with the start-up's broadcasts and first negotiations).
+TIMELINE_SKIP = 0.2
+
+
+def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
     """One run of tfscale.train under srun on the cluster: its results.json, with
     ``steady_images_per_sec`` (:func:`steady_rate`). A one-node run runs on both nodes at once,
     as two separate jobs, and reports the first node's (``neighbour_images_per_sec``: the
     other's): the nodes of this cluster share one machine's cache and memory, which a two-node
     run keeps busy on both, so its one-node baseline must too (resnet50 on one core ran 5%
-    slower with the same job on the other core, 2026-11-28); real nodes share neither."""
+    slower with the same job on the other core, 2026-11-28); real nodes share neither.
+    ``timeline`` (a layout with :attr:`Layout.has_timeline`): the run writes Horovod's
+    timeline, and its summary per activity (rank 0's, after ``TIMELINE_SKIP`` of it) is the
+    result's ``timeline``."""
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
         nodes = [["-N2"]] if layout.nodes == 2 else [["-N1", "-w", node] for node in NODES]
-        procs = [subprocess.Popen(_train_command(model, layout, where, Path(tmp) / f"run{i}"),
+        procs = [subprocess.Popen(_train_command(model, layout, where, Path(tmp) / f"run{i}",
+                                                 timeline),
                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
                  for i, where in enumerate(nodes)]
@@ -335,12 +357,17 @@ def train(model: str, layout: Layout) -> dict[str, Any]:
         if len(found) > 1:
             results["neighbour_images_per_sec"] = (steady_rate(outputs[1][0])
                                                    or found[1]["images_per_sec"])
+        if timeline:
+            results["timeline"] = [
+                dataclasses.asdict(activity) for activity in
+                summarize(load(Path(tmp) / "run0" / TIMELINE_FILE), TIMELINE_SKIP)]
         return results
 
 
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
             layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
-            figures: bool = False, bracketed: bool = False) -> dict[str, Any]:
+            figures: bool = False, bracketed: bool = False,
+            timelines: bool = False) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
     ``earlier`` (a saved result), its rounds are kept and these continue their count.
     ``layouts``: the two-node runs (the one-node runs always run, for their baselines).
@@ -353,7 +380,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     after it (``after_baseline_images_per_sec``), which is the next run's before-baseline
     where that run follows at once with the same model and ranks per node: baseline and run
     alternate, B R B R B, and a drift that is linear over one run's minutes cancels in the
-    mean of the two around it."""
+    mean of the two around it. ``timelines``: each Horovod run across nodes (horovod, ddl)
+    also writes Horovod's timeline, kept summed per activity (:func:`train`)."""
     OUT.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
     link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
@@ -406,7 +434,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             after = None
             if figures and layout.uses_link:
                 adjacent_to["figures"] = run_figures(model, layout)
-            result = train(model, layout)
+            result = train(model, layout, timelines and layout.has_timeline)
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
                          **adjacent_to,
                          "images_per_sec": result["images_per_sec"],
@@ -415,6 +443,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                          "step_time_ms": result.get("step_time_ms"),
                          "exchange": result.get("exchange"), "hosts": result.get("hosts"),
                          "num_workers": result["num_workers"],
+                         **({"timeline": result["timeline"]} if "timeline" in result else {}),
                          "wall_s": time.monotonic() - start})
             if bracketed and layout.uses_link:
                 runs[-1]["after_baseline_images_per_sec"] = baseline(model, layout)
@@ -470,6 +499,10 @@ def main() -> int:
                         help="time the figures each two-node run's forecast takes (its link, "
                              "in-node exchange, casts, host time per byte) just before it, and "
                              "forecast that run from them, not from the round's")
+    parser.add_argument("--horovod_timelines", action="store_true",
+                        help="each horovod and ddl run across nodes also writes Horovod's "
+                             "timeline (rank 0's), kept summed per activity; the report sets "
+                             "it per step beside the forecast's exchange")
     parser.add_argument("--round_figures", action="store_true",
                         help="with --report: forecast every run from its round's figures even "
                              "where the set timed its own beside it (--adjacent_figures): the "
@@ -479,11 +512,11 @@ def main() -> int:
                              "time per byte instead of the preset's (a what-if, e.g. "
                              "multiworker=6.9 from bench.transport_host_time's gRPC); repeatable")
     args = parser.parse_args()
-    if (args.adjacent_baselines or args.adjacent_figures or args.bracketed_baselines) \
-            and args.report:
-        parser.error("--adjacent_baselines, --bracketed_baselines and --adjacent_figures go "
-                     "with a measurement, not --report (a result that has them is reported "
-                     "with them)")
+    if (args.adjacent_baselines or args.adjacent_figures or args.bracketed_baselines
+            or args.horovod_timelines) and args.report:
+        parser.error("--adjacent_baselines, --bracketed_baselines, --adjacent_figures and "
+                     "--horovod_timelines go with a measurement, not --report (a result that "
+                     "has them is reported with them)")
     if args.bracketed_baselines and not args.adjacent_baselines:
         parser.error("--bracketed_baselines adds a baseline after each run to the one before "
                      "it: give it with --adjacent_baselines")
@@ -505,7 +538,7 @@ def main() -> int:
             save("shaped_links", measure([float(x) for x in args.links.split(",")],
                                          args.rounds, earlier, layouts,
                                          args.adjacent_baselines, args.adjacent_figures,
-                                         args.bracketed_baselines))
+                                         args.bracketed_baselines, args.horovod_timelines))
     from bench.shaped_links_report import report
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the

@@ -213,16 +213,24 @@ def plan_for(machine: Any, model: str, layout: Any, batch_size: int) -> Any:
     return dataclasses.replace(plan, pinned=plan.pinned + horovod)
 
 
-def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
-                  links: dict[float, dict[str, Any]], batch_size: int,
-                  host_ns: Mapping[str, float] | None = None) -> float:
-    """tfscale.forecast's images/s for one run (:func:`plan_for`; ``host_ns`` as for
-    :func:`machine_for`)."""
+def forecast_row(gbit: float, model: str, layout: Any, node_rate: float,
+                 links: dict[float, dict[str, Any]], batch_size: int,
+                 host_ns: Mapping[str, float] | None = None) -> Any:
+    """tfscale.forecast's row for one run, its step split into terms (:func:`plan_for`;
+    ``host_ns`` as for :func:`machine_for`)."""
     from tfscale.forecast.predict import forecast
 
     machine = machine_for(gbit, model, layout, node_rate, links, batch_size, host_ns)
-    return forecast(plan_for(machine, model, layout, batch_size),
-                    [layout.nodes])[0].images_per_sec
+    return forecast(plan_for(machine, model, layout, batch_size), [layout.nodes])[0]
+
+
+def forecast_rate(gbit: float, model: str, layout: Any, node_rate: float,
+                  links: dict[float, dict[str, Any]], batch_size: int,
+                  host_ns: Mapping[str, float] | None = None) -> float:
+    """tfscale.forecast's images/s for one run (:func:`forecast_row`)."""
+    rate: float = forecast_row(gbit, model, layout, node_rate, links, batch_size,
+                               host_ns).images_per_sec
+    return rate
 
 
 def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
@@ -336,6 +344,49 @@ def hierarchy_wins(run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
+                  ) -> list[dict[str, Any]]:
+    """One row per round of each run that kept Horovod's timeline (``--horovod_timelines``),
+    in milliseconds per step: the measured step and the forecast's, the exchange the step
+    waited for (measured: the step less the forecast's compute and stragglers, the part the
+    forecast calibrates on the run's baseline; forecast: its exposed exchange), the forecast's
+    whole exchange (overlapped or not), and rank 0's timeline: negotiation (waiting for every
+    rank to enqueue and for the cycle), the all-reduce, and within it the transport's own
+    (MPI_ALLREDUCE, ...) and the copies in and out of the fusion buffer. An activity's ms per
+    step is its share of the timeline's wall time times the measured step."""
+    layouts = _layouts()
+    runs, links = _by_round(result), _links_by_round(result)
+    out = []
+    for run in result["runs"]:
+        if not run.get("timeline"):
+            continue
+        r, gbit, model, layout = run["round"], run["gbit"], run["model"], layouts[run["layout"]]
+        batch = batch_of(result["models"][model])
+        node = baseline_of(run) or runs[r].get((0.0, model, f"1x{layout.local}"))
+        if node is None or gbit not in links[r] or 0.0 not in links[r]:
+            continue
+        step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
+        row = forecast_row(gbit, model, layout, node, links_of(run, links[r]), batch, host_ns)
+        per_step: dict[str, float] = defaultdict(float)
+        for activity in run["timeline"]:
+            name = activity["name"]
+            kind = ("negotiation" if name.startswith("NEGOTIATE") else "all-reduce"
+                    if name == "ALLREDUCE" else "copies" if name.startswith("MEMCPY")
+                    else "transport")
+            per_step[kind] += activity["share"] * step
+        out.append({"model": model, "link": f"{gbit:g} Gbit/s", "run": run["layout"],
+                    "round": r, "step": step, "forecast step": row.step_ms,
+                    "waited": step - row.terms_ms["compute"] - row.terms_ms["stragglers"],
+                    "forecast waited": row.exchange_ms, "forecast whole": row.exchange_busy_ms,
+                    **per_step})
+    return sorted(out, key=lambda row: (row["model"], row["link"], row["run"], row["round"]))
+
+
+TIMELINE_COLUMNS = ["model", "link", "run", "round", "step", "forecast step", "waited",
+                    "forecast waited", "forecast whole", "negotiation", "all-reduce",
+                    "transport", "copies"]
+
+
 def grpc_timing_lines(link_rows: list[dict[str, Any]]) -> list[str]:
     """One line per round that timed gRPC's flat ring: each model's timings in the order
     taken (ns per stack byte) and the figure the round charged (their median; sets before
@@ -375,6 +426,15 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
                    f"{statistics.median(drifts):+.1%}, from {min(drifts):+.1%} to "
                    f"{max(drifts):+.1%}.", ""]
     spread += grpc_timing_lines(result["links"])
+    timelines = timeline_rows(result, host_ns)
+    if timelines:
+        spread += ["Horovod's timeline on rank 0 against the forecast (ms per step; waited: the "
+                   "step less the forecast's compute and stragglers; whole: the forecast's "
+                   "exchange, overlapped or not; negotiation, all-reduce and within it the "
+                   "transport and the copies: the timeline's):", "",
+                   table([{k: f"{v:.1f}" if isinstance(v, float) else v
+                           for k, v in row.items()} for row in timelines], TIMELINE_COLUMNS),
+                   ""]
     worst = max(forecast, key=miss, default=None)
     worst_text = (f"; worst {worst['forecast error']} ({worst['model']}, {worst['link']}, "
                   f"{worst['run']})" if worst else "")

@@ -808,6 +808,55 @@ def test_shaped_link_report_states_how_far_each_runs_rounds_spread() -> None:
                    for line in _kept_report("shaped_links_2026-12-02_zen4_adjacent.json"))
 
 
+def test_shaped_link_report_sets_horovods_timeline_per_step_beside_the_forecast() -> None:
+    """A run that kept Horovod's timeline (``--horovod_timelines``) gets a row per round: each
+    activity's share of the timeline's wall time as ms of the measured step, grouped as
+    negotiation, all-reduce, the transport inside it and the copies, beside the forecast's
+    step and exchange through the same plan as the run's forecast; the exchange the step
+    waited for is the step less the forecast's compute and stragglers. Runs without a
+    timeline get no row; only Horovod's layouts across nodes ask for one."""
+    from bench.shaped_links import ACROSS, ONE_NODE, _train_command
+    from bench.shaped_links_report import _links_by_round as links_by_round
+    from bench.shaped_links_report import (
+        baseline_of,
+        forecast_row,
+        links_of,
+        rate_of,
+        timeline_rows,
+    )
+
+    kept = json.loads((ROOT / "docs" / "forecast" /
+                       "shaped_links_2026-12-04_zen2_horovod_flat.json").read_text())
+    assert timeline_rows(kept) == []
+    shares = {"NEGOTIATE_ALLREDUCE": 0.08, "ALLREDUCE": 0.25, "MEMCPY_IN_FUSION_BUFFER": 0.02,
+              "MPI_ALLREDUCE": 0.19, "MEMCPY_OUT_FUSION_BUFFER": 0.03}
+    run = next(r for r in kept["runs"] if r["layout"] == "2x2 flat" and r["model"] == "mlp"
+               and r["round"] == 1)
+    run["timeline"] = [{"name": name, "messages": 10, "median_ms": 1.0, "mean_ms": 1.0,
+                        "total_s": 0.01, "share": share} for name, share in shares.items()]
+    (row,) = timeline_rows(kept)
+    step = 2 * 2 * 64 / rate_of(run) * 1e3
+    layout = next(layout for layout in ACROSS if layout.name == "2x2 flat")
+    expected = forecast_row(25.0, "mlp", layout, baseline_of(run),
+                            links_of(run, links_by_round(kept)[1]), 64)
+    assert (row["model"], row["run"], row["round"]) == ("mlp", "2x2 flat", 1)
+    assert row["step"] == pytest.approx(step)
+    assert row["negotiation"] == pytest.approx(0.08 * step)
+    assert row["all-reduce"] == pytest.approx(0.25 * step)
+    assert row["transport"] == pytest.approx(0.19 * step)
+    assert row["copies"] == pytest.approx(0.05 * step)
+    assert row["forecast step"] == pytest.approx(expected.step_ms)
+    assert row["forecast waited"] == pytest.approx(expected.exchange_ms)
+    assert row["waited"] == pytest.approx(step - expected.terms_ms["compute"]
+                                          - expected.terms_ms["stragglers"])
+    assert expected.images_per_sec == pytest.approx(2 * 2 * 64 / expected.step_ms * 1e3)
+    assert {layout.name for layout in (*ONE_NODE, *ACROSS) if layout.has_timeline} == {
+        "2x1", "2x2 flat", "2x2 flat fp16", "2x2 hierarchical", "2x2 hierarchical fp16",
+        "2x2 ddl"}
+    assert _train_command("mlp", layout, [], Path("d"), True)[-1] == "--horovod_timeline"
+    assert "--horovod_timeline" not in _train_command("mlp", layout, [], Path("d"))
+
+
 def test_shaped_link_runs_are_timed_after_their_first_interval() -> None:
     """bench.shaped_links times a run over its progress intervals after the first (a job's
     first steps across nodes still warm up); a one-node baseline that ran on both nodes at
