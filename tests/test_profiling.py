@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,26 @@ def test_timeline_and_autotune_become_horovod_variables() -> None:
     assert "HOROVOD_TIMELINE" not in HorovodStrategy.environment(TrainConfig(strategy="horovod"))
     with pytest.warns(UserWarning, match="--horovod_timeline only affect"):
         plugins.validate_names(TrainConfig(strategy="default", horovod_timeline=True))
+
+
+def test_the_timelines_folder_exists_before_horovod_starts_under_either_strategy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Horovod opens the timeline in ``hvd.init()`` and, in a folder that does not exist, only
+    warns: ddl starts Horovod itself, before the base class's setup, and so wrote no timeline
+    into a new --model_dir (found by bench.shaped_links, 2026-12-04). Setting the variables
+    creates the folder, under both strategies."""
+    for cls in (HorovodStrategy, DDLStrategy):
+        model_dir = tmp_path / cls.__name__ / "new"
+        config = TrainConfig(strategy="horovod", model_dir=str(model_dir), horovod_timeline=True)
+        # Set here so that the test's end restores them: apply_environment sets the process's.
+        monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+        monkeypatch.setenv("HOROVOD_TIMELINE", "")
+        cls(config).apply_environment()
+        assert model_dir.is_dir()
+        assert os.environ["HOROVOD_TIMELINE"] == str(model_dir / TIMELINE_FILE)
+    plain = tmp_path / "plain"
+    HorovodStrategy(TrainConfig(strategy="horovod", model_dir=str(plain))).apply_environment()
+    assert not plain.exists()
 
 
 def test_profile_steps_write_a_trace_for_tensorboard(tmp_path: Path) -> None:

@@ -174,9 +174,6 @@ class HorovodStrategy(Strategy):
             raise ValueError(str(err)) from None
 
     def setup(self) -> None:
-        if HOROVOD_TIMELINE.of(self.config) or HOROVOD_AUTOTUNE.of(self.config):
-            # Horovod opens its timeline and autotune log in hvd.init(), in an existing folder.
-            os.makedirs(self.config.model_dir, exist_ok=True)
         self.apply_environment()
         if self._several_nodes() and self.node_exchange_mode() != "collectives":
             # The exchange may be hierarchical (shared memory inside each node, Horovod across):
@@ -212,7 +209,11 @@ class HorovodStrategy(Strategy):
     def apply_environment(self) -> None:
         """Sets :meth:`environment`'s variables, and Horovod's cycle time for CPU training
         when neither ``--cycle_time_ms`` nor ``HOROVOD_CYCLE_TIME`` says otherwise and
-        ``--sync_bn`` is off (call before Horovod starts: it reads them once)."""
+        ``--sync_bn`` is off (call before Horovod starts: it reads them once). Creates the
+        model directory where the timeline or autotune log goes: Horovod opens them in
+        ``hvd.init()`` and, in a folder that does not exist, warns and writes neither."""
+        if HOROVOD_TIMELINE.of(self.config) or HOROVOD_AUTOTUNE.of(self.config):
+            os.makedirs(self.config.model_dir, exist_ok=True)
         os.environ.update(self.environment(self.config))
         # Not with --sync_bn: its per-layer sums run one after another, each waiting for a cycle.
         if (CYCLE_TIME_MS.of(self.config) < 0 and "HOROVOD_CYCLE_TIME" not in os.environ
