@@ -344,16 +344,40 @@ def hierarchy_wins(run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: The groups of a timeline's activities in the report: the wait before each collective,
+#: the collectives themselves, and inside them the transport's own operation and the copies
+#: through the fusion buffer.
+TIMELINE_KINDS = ("negotiation", "collectives", "transport", "copies")
+_COLLECTIVES = ("ALLREDUCE", "ALLGATHER", "REDUCESCATTER", "BROADCAST", "ALLTOALL")
+
+
+def timeline_kind(name: str) -> str:
+    """The group of one of Horovod's timeline activities (``TIMELINE_KINDS``), or "" for one
+    the report leaves out (ALLOCATE_OUTPUT, ...): ``NEGOTIATE_ALLREDUCE`` is a negotiation,
+    ``ALLREDUCE`` (or ddl's ``REDUCESCATTER`` and ``ALLGATHER``) a collective,
+    ``MPI_ALLREDUCE`` or ``GLOO_ALLGATHER`` the transport's, ``MEMCPY_IN_FUSION_BUFFER`` a
+    copy."""
+    if name.startswith("NEGOTIATE_"):
+        return "negotiation"
+    if name in _COLLECTIVES:
+        return "collectives"
+    if name.startswith("MEMCPY_"):
+        return "copies"
+    prefix, _, op = name.partition("_")
+    return "transport" if op in _COLLECTIVES and prefix else ""
+
+
 def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
                   ) -> list[dict[str, Any]]:
     """One row per round of each run that kept Horovod's timeline (``--horovod_timelines``),
     in milliseconds per step: the measured step and the forecast's, the exchange the step
     waited for (measured: the step less the forecast's compute and stragglers, the part the
     forecast calibrates on the run's baseline; forecast: its exposed exchange), the forecast's
-    whole exchange (overlapped or not), and rank 0's timeline: negotiation (waiting for every
-    rank to enqueue and for the cycle), the all-reduce, and within it the transport's own
-    (MPI_ALLREDUCE, ...) and the copies in and out of the fusion buffer. An activity's ms per
-    step is its share of the timeline's wall time times the measured step."""
+    whole exchange (overlapped or not), and rank 0's timeline by :func:`timeline_kind`:
+    negotiation (waiting for every rank to enqueue and for the cycle), the collectives, and
+    within them the transport's own (MPI_ALLREDUCE, ...) and the copies in and out of the
+    fusion buffer. An activity's ms per step is its share of the timeline's wall time times
+    the measured step."""
     layouts = _layouts()
     runs, links = _by_round(result), _links_by_round(result)
     out = []
@@ -367,13 +391,11 @@ def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = 
             continue
         step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
         row = forecast_row(gbit, model, layout, node, links_of(run, links[r]), batch, host_ns)
-        per_step: dict[str, float] = defaultdict(float)
+        per_step: dict[str, float] = dict.fromkeys(TIMELINE_KINDS, 0.0)
         for activity in run["timeline"]:
-            name = activity["name"]
-            kind = ("negotiation" if name.startswith("NEGOTIATE") else "all-reduce"
-                    if name == "ALLREDUCE" else "copies" if name.startswith("MEMCPY")
-                    else "transport")
-            per_step[kind] += activity["share"] * step
+            kind = timeline_kind(activity["name"])
+            if kind:
+                per_step[kind] += activity["share"] * step
         out.append({"model": model, "link": f"{gbit:g} Gbit/s", "run": run["layout"],
                     "round": r, "step": step, "forecast step": row.step_ms,
                     "waited": step - row.terms_ms["compute"] - row.terms_ms["stragglers"],
@@ -383,8 +405,7 @@ def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = 
 
 
 TIMELINE_COLUMNS = ["model", "link", "run", "round", "step", "forecast step", "waited",
-                    "forecast waited", "forecast whole", "negotiation", "all-reduce",
-                    "transport", "copies"]
+                    "forecast waited", "forecast whole", *TIMELINE_KINDS]
 
 
 def grpc_timing_lines(link_rows: list[dict[str, Any]]) -> list[str]:
@@ -430,8 +451,8 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
     if timelines:
         spread += ["Horovod's timeline on rank 0 against the forecast (ms per step; waited: the "
                    "step less the forecast's compute and stragglers; whole: the forecast's "
-                   "exchange, overlapped or not; negotiation, all-reduce and within it the "
-                   "transport and the copies: the timeline's):", "",
+                   "exchange, overlapped or not; negotiation, the collectives and within "
+                   "them the transport and the copies: the timeline's):", "",
                    table([{k: f"{v:.1f}" if isinstance(v, float) else v
                            for k, v in row.items()} for row in timelines], TIMELINE_COLUMNS),
                    ""]

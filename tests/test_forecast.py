@@ -822,6 +822,7 @@ def test_shaped_link_report_sets_horovods_timeline_per_step_beside_the_forecast(
         forecast_row,
         links_of,
         rate_of,
+        timeline_kind,
         timeline_rows,
     )
 
@@ -842,7 +843,7 @@ def test_shaped_link_report_sets_horovods_timeline_per_step_beside_the_forecast(
     assert (row["model"], row["run"], row["round"]) == ("mlp", "2x2 flat", 1)
     assert row["step"] == pytest.approx(step)
     assert row["negotiation"] == pytest.approx(0.08 * step)
-    assert row["all-reduce"] == pytest.approx(0.25 * step)
+    assert row["collectives"] == pytest.approx(0.25 * step)
     assert row["transport"] == pytest.approx(0.19 * step)
     assert row["copies"] == pytest.approx(0.05 * step)
     assert row["forecast step"] == pytest.approx(expected.step_ms)
@@ -853,6 +854,10 @@ def test_shaped_link_report_sets_horovods_timeline_per_step_beside_the_forecast(
     assert {layout.name for layout in (*ONE_NODE, *ACROSS) if layout.has_timeline} == {
         "2x1", "2x2 flat", "2x2 flat fp16", "2x2 hierarchical", "2x2 hierarchical fp16",
         "2x2 ddl"}
+    assert [timeline_kind(name) for name in (
+        "NEGOTIATE_REDUCESCATTER", "REDUCESCATTER", "GLOO_ALLGATHER", "MPI_ALLREDUCE",
+        "MEMCPY_OUT_FUSION_BUFFER", "ALLOCATE_OUTPUT")] == [
+        "negotiation", "collectives", "transport", "transport", "copies", ""]
     assert _train_command("mlp", layout, [], Path("d"), True)[-1] == "--horovod_timeline"
     assert "--horovod_timeline" not in _train_command("mlp", layout, [], Path("d"))
 
