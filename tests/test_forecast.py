@@ -780,6 +780,9 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # The same machine three hours on: Horovod's flat layout, two rounds.
     ("shaped_links_2026-12-04_zen2_horovod_flat.json", (), "2 of 2",
      "-1.3% (mlp, 25 Gbit/s, 2x2 flat)"),
+    # Horovod's and ddl's layouts, each run with Horovod's timeline (--horovod_timelines).
+    ("shaped_links_2026-12-04_zen2_timelines.json", (), "8 of 8",
+     "+4.7% (mlp, 25 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
@@ -859,6 +862,15 @@ def test_shaped_link_report_sets_horovods_timeline_per_step_beside_the_forecast(
         "MEMCPY_OUT_FUSION_BUFFER", "ALLOCATE_OUTPUT")] == [
         "negotiation", "collectives", "transport", "transport", "copies", ""]
     assert _train_command("mlp", layout, [], Path("d"), True)[-1] == "--horovod_timeline"
+    # The kept set with timelines: one row per Horovod run, as docs/FORECAST.md tabulates.
+    measured = json.loads((ROOT / "docs" / "forecast" /
+                           "shaped_links_2026-12-04_zen2_timelines.json").read_text())
+    found = {(r["model"], r["run"]): r for r in timeline_rows(measured)}
+    assert len(found) == 8
+    flat = found["mlp", "2x2 flat"]
+    assert (round(flat["waited"], 1), round(flat["forecast waited"], 1),
+            round(flat["negotiation"], 1), round(flat["collectives"], 1)) == (
+        28.3, 25.4, 5.1, 18.1)
     assert "--horovod_timeline" not in _train_command("mlp", layout, [], Path("d"))
 
 
