@@ -1091,11 +1091,12 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
 
     order: list[str] = []
 
-    def train(model: str, layout: Any) -> dict[str, Any]:
-        order.append(f"{model} {layout.name}")
+    def train(model: str, layout: Any, timeline: bool = False) -> dict[str, Any]:
+        order.append(f"{model} {layout.name}" + (" timeline" if timeline else ""))
         rate = 100.0 * len(order)  # the VM speeds up with every job: a linear drift
         return {"images_per_sec": rate, "steady_images_per_sec": rate,
-                "neighbour_images_per_sec": rate, "num_workers": layout.nodes * layout.local}
+                "neighbour_images_per_sec": rate, "num_workers": layout.nodes * layout.local,
+                **({"timeline": [{"name": "ALLREDUCE", "share": 0.1}]} if timeline else {})}
 
     monkeypatch.setattr(shaped_links, "OUT", tmp_path)
     monkeypatch.setattr(shaped_links, "save", lambda *args: None)
@@ -1126,12 +1127,18 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     assert bracket_drift({"baseline_images_per_sec": [400.0, None]}) is None
     assert all("after_baseline_images_per_sec" not in run and "baseline_images_per_sec" not in run
                for run in result["runs"] if run["layout"] in ("1x1", "1x2"))
-    # Without --bracketed_baselines, no baseline after: one before each run, as before.
+    assert not any("timeline" in run for run in result["runs"])
+    # Without --bracketed_baselines, no baseline after: one before each run, as before. With
+    # --horovod_timelines, the Horovod runs across nodes write one, their baselines do not.
     order.clear()
-    result = shaped_links.measure([10.0], 1, layouts=chosen[1:], adjacent=True)
+    chosen = (*chosen[1:], layouts["2x2 multiworker hierarchical"])
+    result = shaped_links.measure([10.0], 1, layouts=chosen, adjacent=True, timelines=True)
     assert [job for job in order if job.startswith("mlp")][2:] == [
-        "mlp 1x2", "mlp 2x2 flat", "mlp 1x2", "mlp 2x2 ddl"]
+        "mlp 1x2", "mlp 2x2 flat timeline", "mlp 1x2", "mlp 2x2 ddl timeline",
+        "mlp 1x2", "mlp 2x2 multiworker hierarchical"]
     assert all("after_baseline_images_per_sec" not in run for run in result["runs"])
+    assert {run["layout"] for run in result["runs"] if "timeline" in run} == {
+        "2x2 flat", "2x2 ddl"}
 
 
 def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
@@ -1153,7 +1160,7 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
     monkeypatch.setattr(shaped_links, "OUT", tmp_path)
     monkeypatch.setattr(shaped_links, "save", lambda *args: None)
     monkeypatch.setattr(shaped_links, "shape", lambda gbit: None)
-    monkeypatch.setattr(shaped_links, "train", lambda model, layout: {
+    monkeypatch.setattr(shaped_links, "train", lambda model, layout, timeline=False: {
         "images_per_sec": 1.0, "steady_images_per_sec": 1.0, "num_workers": 1})
     monkeypatch.setattr(shaped_links, "link_figures",
                         lambda: {"sizes": [{"busbw_GBps": 1.0}],
