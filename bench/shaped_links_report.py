@@ -456,6 +456,9 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
                    table([{k: f"{v:.1f}" if isinstance(v, float) else v
                            for k, v in row.items()} for row in timelines], TIMELINE_COLUMNS),
                    ""]
+    missing = [f"No timeline from {run['model']} {run['layout']}, round {run['round']}: "
+               f"{run['timeline_error']}" for run in result["runs"] if "timeline_error" in run]
+    spread += [*missing, ""] if missing else []
     worst = max(forecast, key=miss, default=None)
     worst_text = (f"; worst {worst['forecast error']} ({worst['model']}, {worst['link']}, "
                   f"{worst['run']})" if worst else "")
