@@ -783,6 +783,8 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # Horovod's and ddl's layouts, each run with Horovod's timeline (--horovod_timelines).
     ("shaped_links_2026-12-04_zen2_timelines.json", (), "8 of 8",
      "+4.7% (mlp, 25 Gbit/s, 2x2 flat)"),
+    ("shaped_links_2026-12-04_zen2_fp16_timelines.json", (), "4 of 4",
+     "+3.7% (mlp, 25 Gbit/s, 2x2 hierarchical fp16)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
