@@ -91,6 +91,13 @@ def baseline_of(run: dict[str, Any]) -> float | None:
     return (_pair_rate(pair) + _pair_rate(after)) / 2 if after else _pair_rate(pair)
 
 
+def node_rate(run: dict[str, Any], round_rates: dict[tuple[float, str, str], float],
+              model: str, local: int) -> float | None:
+    """The one-node images/s a two-node run's forecast is calibrated on: its own baseline
+    (:func:`baseline_of`), else its round's one-node run with the same ranks per node."""
+    return baseline_of(run) or round_rates.get((0.0, model, f"1x{local}"))
+
+
 def bracket_drift(run: dict[str, Any]) -> float | None:
     """How far the baseline after a run lies from the one before it, as a fraction of the
     one before (``--bracketed_baselines``): the VM's drift over the run's minutes."""
@@ -283,8 +290,8 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
         for r in sorted(runs):
             rate = runs[r].get((gbit, model, name))
             one = runs[r].get((0.0, model, "1x1"))
-            node = (baseline_of(by_key.get((r, gbit, model, name), {}))
-                    or runs[r].get((0.0, model, f"1x{layout.local}")))
+            node = node_rate(by_key.get((r, gbit, model, name), {}), runs[r], model,
+                             layout.local)
             if rate is None or one is None or node is None:
                 continue
             measured.append(rate)
@@ -386,7 +393,7 @@ def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = 
             continue
         r, gbit, model, layout = run["round"], run["gbit"], run["model"], layouts[run["layout"]]
         batch = batch_of(result["models"][model])
-        node = baseline_of(run) or runs[r].get((0.0, model, f"1x{layout.local}"))
+        node = node_rate(run, runs[r], model, layout.local)
         if node is None or gbit not in links[r] or 0.0 not in links[r]:
             continue
         step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
