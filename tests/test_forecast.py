@@ -785,6 +785,9 @@ def _kept_report(kept: str, *args: str) -> list[str]:
      "+4.7% (mlp, 25 Gbit/s, 2x2 flat)"),
     ("shaped_links_2026-12-04_zen2_fp16_timelines.json", (), "4 of 4",
      "+3.7% (mlp, 25 Gbit/s, 2x2 hierarchical fp16)"),
+    # The same machine at 1 Gbit/s, where the link binds: the flat runs' miss of the Xeon again.
+    ("shaped_links_2026-12-04_zen2_1gbit.json", (), "6 of 8",
+     "-27.1% (mlp, 1 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
