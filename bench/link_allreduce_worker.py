@@ -6,15 +6,18 @@ tfscale's shared-memory node exchange instead (the in-node phase of the hierarch
 all-reduce), or, with ``--horovod``, Horovod's all-reduce there too (Open MPI's shared memory:
 the in-node hops of a flat ring over every rank). With ``--float16`` Horovod's all-reduces
 carry float16 (what ``--fp16_allreduce`` sends: half the bytes, but its sums are Horovod's own
-float16 reduction, not MPI's); sizes are then the float16 bytes. Rank 0 prints one JSON
-line: seconds per call for each size in bytes, the bus bandwidth of each (nccl-tests'
-definition, bytes / time x 2(n-1)/n) and the small-message time.
+float16 reduction, not MPI's); sizes are then the float16 bytes. With ``--ring`` (one rank per
+node) it times tfscale's own ring across the nodes instead (multiworker's hierarchical cross
+phase: :mod:`tfscale.exchange.socket_ring`), Horovod only gathering its ports. Rank 0 prints
+one JSON line: seconds per call for each size in bytes, the bus bandwidth of each
+(nccl-tests' definition, bytes / time x 2(n-1)/n) and the small-message time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -61,6 +64,16 @@ def main() -> None:
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
             return lambda: node.all_reduce(values, copy=False)
+    elif "--ring" in sys.argv[1:]:
+        from tfscale.exchange.cross_node import TRANSPORT as transport
+        from tfscale.exchange.socket_ring import open_ring
+
+        token = int(hvd.broadcast(tf.constant(np.random.randint(1, 2**31)), 0, name="token"))
+        ring = open_ring(hvd.rank(), list(range(n)), hvd.allgather_object(socket.gethostname()),
+                         token, hvd.allgather_object, timeout_s=120.0)
+
+        def reducer(values: np.ndarray) -> Callable[[], object]:
+            return lambda: ring.all_reduce(values)
     else:
         transport = "Horovod (MPI)" if hvd.mpi_enabled() else "Horovod (Gloo)"
 

@@ -177,15 +177,25 @@ def shape(gbit: float) -> None:
 
 
 def link_figures() -> dict[str, Any]:
-    """Bus bandwidth of the all-reduce across the link (one rank per node), and its latency."""
-    env = {**os.environ, "HOROVOD_CYCLE_TIME": "0.5"}
-    proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", "--ntasks-per-node=1",
-                           "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m",
-                           "bench.link_allreduce_worker"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env, check=False)
-    if proc.returncode:
-        raise RuntimeError(f"link all-reduce failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    figures: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    """Bus bandwidth of the all-reduce across the link (one rank per node): Horovod's (MPI),
+    which the forecast charges, and under ``"ring"`` tfscale's ring's (multiworker's
+    hierarchical cross phase; bare at 1 Gbit/s it drove the link 1.2x as fast as Open MPI, but
+    charging it did not bring multiworker's runs closer, docs/FORECAST.md, 2026-12-05); and
+    the link's latency."""
+    def across(*flags: str) -> dict[str, Any]:
+        env = {**os.environ, "HOROVOD_CYCLE_TIME": "0.5"}
+        proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", "--ntasks-per-node=1",
+                               "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m",
+                               "bench.link_allreduce_worker", *flags], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env=env, check=False)
+        if proc.returncode:
+            raise RuntimeError(f"link all-reduce {' '.join(flags)} failed:\n"
+                               f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return found
+
+    figures = across()
+    figures["ring"] = across("--ring")
     server = subprocess.Popen([*CLUSTER, "exec", "--on", NODES[1], sys.executable, "-m",
                                "bench.link_pingpong", "serve", str(PORT)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -427,9 +437,12 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
+            ring = link_rows[-1].get("ring", {}).get("sizes")
             print(f"[round {round_}] {gbit:g} Gbit/s: busbw "
-                  f"{max(s['busbw_GBps'] for s in link_rows[-1]['sizes']):.3f} GB/s, latency "
-                  f"{link_rows[-1]['pingpong']['latency_us']:.0f} us", flush=True)
+                  f"{max(s['busbw_GBps'] for s in link_rows[-1]['sizes']):.3f} GB/s"
+                  + (f" (tfscale's ring {max(s['busbw_GBps'] for s in ring):.3f})" if ring
+                     else "")
+                  + f", latency {link_rows[-1]['pingpong']['latency_us']:.0f} us", flush=True)
         for gbit, model, layout in in_round_order(
                 sorted(cases, key=lambda c: (c[0], c[1])), round_):
             shape(gbit)

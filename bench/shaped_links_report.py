@@ -251,34 +251,33 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
     runs, links = _by_round(result), _links_by_round(result)
     by_key = {(run["round"], run["gbit"], run["model"], run["layout"]): run
               for run in result["runs"]}
+    def busbw(name: str, found: list[dict[str, Any]], gbit: float = 0.0) -> dict[str, Any]:
+        """A link row: the mean bus bandwidth of the rounds' timings at 64 and 16 MiB, and
+        the 64 MiB figure's share of the shaped rate (``gbit``, if shaped)."""
+        big = _mean([_size_row(f)["busbw_GBps"] for f in found])
+        return {"link": name, "busbw 64 MiB GB/s": big,
+                "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"]
+                                            for f in found]),
+                **({"rate GB/s": gbit / 8, "of rate": big / (gbit / 8)} if gbit else {}),
+                "rounds": len(found)}
+
     link_rows = []
     for gbit in sorted({row["gbit"] for row in result["links"] if row["gbit"]}):
         found = [links[r][gbit] for r in links if gbit in links[r]]
-        busbw = [_size_row(f)["busbw_GBps"] for f in found]
-        link_rows.append({
-            "link": f"{gbit:g} Gbit/s", "rate GB/s": gbit / 8,
-            "busbw 64 MiB GB/s": _mean(busbw),
-            "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"] for f in found]),
-            "of rate": _mean(busbw) / (gbit / 8),
-            "latency us": _mean([f["pingpong"]["latency_us"] for f in found]),
-            "rounds": len(found)})
+        link_rows.append({**busbw(f"{gbit:g} Gbit/s", found, gbit),
+                          "latency us": _mean([f["pingpong"]["latency_us"] for f in found])})
+        ring_across = [f["ring"] for f in found if "ring" in f]
+        if ring_across:
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's ring (multiworker "
+                                   "hierarchical; not charged)", ring_across, gbit))
     inside = [links[r][0.0]["in_node"] for r in links if 0.0 in links[r]]
     if inside:
-        link_rows.append({"link": "inside a node (shared memory, 2 ranks on 1 core)",
-                          "busbw 64 MiB GB/s": _mean([_size_row(f)["busbw_GBps"]
-                                                      for f in inside]),
-                          "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"]
-                                                      for f in inside]),
-                          "rounds": len(inside)})
+        link_rows.append(busbw("inside a node (shared memory, 2 ranks on 1 core)", inside))
     ring = [links[r][0.0]["in_node_ring"] for r in links
             if 0.0 in links[r] and "in_node_ring" in links[r][0.0]]
     if ring:
-        link_rows.append({"link": "inside a node (Horovod: Open MPI's shared memory, a flat "
-                                  "ring's in-node hop; 2 ranks on 1 core)",
-                          "busbw 64 MiB GB/s": _mean([_size_row(f)["busbw_GBps"] for f in ring]),
-                          "busbw 16 MiB GB/s": _mean([_size_row(f, 16 * 2**20)["busbw_GBps"]
-                                                      for f in ring]),
-                          "rounds": len(ring)})
+        link_rows.append(busbw("inside a node (Horovod: Open MPI's shared memory, a flat ring's "
+                               "in-node hop; 2 ranks on 1 core)", ring))
     run_rows = []
     keys = sorted({(run["gbit"], run["model"], run["layout"]) for run in result["runs"]},
                   key=lambda k: (k[1], k[0], list(layouts).index(k[2])))
@@ -473,7 +472,8 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
         f"{result.get('cpu', '')}; {result.get('when', '')}; {result['rounds']} round(s)"
         + (" (partial)" if result.get("partial") else ""),
         "", "Links between the nodes (tc tbf per direction; bus bandwidth of Horovod's MPI "
-        "all-reduce, one rank per node; latency: half a TCP ping-pong):", "",
+        "all-reduce, one rank per node, or of tfscale's ring where named; latency: half a TCP "
+        "ping-pong):", "",
         table(link_rows, ["link", "rate GB/s", "busbw 64 MiB GB/s", "busbw 16 MiB GB/s",
                           "of rate", "latency us", "rounds"]),
         "", "Runs (images/s: mean over rounds; efficiency: against 2 x the 1-node run with the "
