@@ -788,6 +788,12 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # The same machine at 1 Gbit/s, where the link binds: the flat runs' miss of the Xeon again.
     ("shaped_links_2026-12-04_zen2_1gbit.json", (), "6 of 8",
      "-27.1% (mlp, 1 Gbit/s, 2x2 flat)"),
+    # ... ddl's and multiworker's layouts there too, and the flat one again.
+    ("shaped_links_2026-12-05_zen2_1gbit_ddl_multiworker.json", (), "6 of 8",
+     "-23.6% (mlp, 1 Gbit/s, 2x2 flat)"),
+    # multiworker's hierarchical layout with tfscale's ring timed across the link.
+    ("shaped_links_2026-12-05_zen2_multiworker_ring.json", (), "4 of 4",
+     "-5.7% (resnet50, 1 Gbit/s, 2x2 multiworker hierarchical)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
@@ -799,6 +805,19 @@ def test_kept_shaped_link_runs_give_the_documented_forecast_count(
     assert f"worst {worst}" in summary
     doc = (ROOT / "docs" / "FORECAST.md").read_text()
     assert f"**{count} within 10%; worst {worst.split()[0]}**" in doc
+
+
+def test_shaped_link_report_shows_tfscales_ring_across_the_link_where_the_round_timed_it(
+        ) -> None:
+    """Sets from 2026-12-05 on time tfscale's ring across each shaped link beside Horovod's
+    all-reduce; the report shows it in a row of its own, as measured in the kept set (0.114
+    and 0.746 GB/s at 64 MiB, 1 and 10 Gbit/s), and marks it as not charged; older sets have
+    no such row."""
+    ring = [line for line in _kept_report("shaped_links_2026-12-05_zen2_multiworker_ring.json")
+            if "tfscale's ring (multiworker hierarchical; not charged)" in line]
+    assert [line.split(" | ")[2] for line in ring] == ["0.114", "0.746"]
+    assert not any("tfscale's ring (" in line
+                   for line in _kept_report("shaped_links_2026-12-04_zen2_1gbit.json"))
 
 
 def test_shaped_link_report_states_how_far_each_runs_rounds_spread() -> None:
