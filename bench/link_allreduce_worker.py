@@ -55,6 +55,7 @@ def main() -> None:
     n = hvd.size()
     one_node = hvd.cross_size() == 1 and "--horovod" not in sys.argv[1:]
     barrier: Callable[[], object] = lambda: hvd.allreduce(tf.zeros(1), name="barrier").numpy()  # noqa: E731
+    close: Callable[[], object] = lambda: None  # noqa: E731
     if one_node:
         from tfscale.exchange.shared_memory import SharedMemoryGroup
 
@@ -71,6 +72,7 @@ def main() -> None:
         token = int(hvd.broadcast(tf.constant(np.random.randint(1, 2**31)), 0, name="token"))
         ring = open_ring(hvd.rank(), list(range(n)), hvd.allgather_object(socket.gethostname()),
                          token, hvd.allgather_object, timeout_s=120.0)
+        close = ring.close
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
             return lambda: ring.all_reduce(values)
@@ -93,6 +95,8 @@ def main() -> None:
                           "dtype": np.dtype(dtype).name,
                           "small_message_us": rows[0]["seconds"] * 1e6, "sizes": rows[1:]}))
     sys.stdout.flush()
+    barrier()  # every rank is done with the ring before any closes it
+    close()
 
 
 if __name__ == "__main__":
