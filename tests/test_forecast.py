@@ -794,9 +794,11 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # multiworker's hierarchical layout with tfscale's ring timed across the link.
     ("shaped_links_2026-12-05_zen2_multiworker_ring.json", (), "4 of 4",
      "-5.7% (resnet50, 1 Gbit/s, 2x2 multiworker hierarchical)"),
-    # Horovod's 2x1 and flat layouts at 10 Gbit/s with timelines: the second rank's cost there.
+    # Horovod's 2x1 and flat layouts with timelines: what a second rank per node costs.
     ("shaped_links_2026-12-05_zen2_10gbit_timelines.json", (), "4 of 4",
      "+4.2% (resnet50, 10 Gbit/s, 2x1)"),
+    ("shaped_links_2026-12-05_zen2_1_25gbit_timelines.json", (), "7 of 8",
+     "-28.7% (mlp, 1 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
