@@ -437,12 +437,11 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
-            ring = link_rows[-1].get("ring", {}).get("sizes")
+            timed = link_rows[-1]
             print(f"[round {round_}] {gbit:g} Gbit/s: busbw "
-                  f"{max(s['busbw_GBps'] for s in link_rows[-1]['sizes']):.3f} GB/s"
-                  + (f" (tfscale's ring {max(s['busbw_GBps'] for s in ring):.3f})" if ring
-                     else "")
-                  + f", latency {link_rows[-1]['pingpong']['latency_us']:.0f} us", flush=True)
+                  f"{max(s['busbw_GBps'] for s in timed['sizes']):.3f} GB/s (tfscale's ring "
+                  f"{max(s['busbw_GBps'] for s in timed['ring']['sizes']):.3f}), latency "
+                  f"{timed['pingpong']['latency_us']:.0f} us", flush=True)
         for gbit, model, layout in in_round_order(
                 sorted(cases, key=lambda c: (c[0], c[1])), round_):
             shape(gbit)

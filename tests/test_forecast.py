@@ -1141,6 +1141,7 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     monkeypatch.setattr(shaped_links, "train", train)
     monkeypatch.setattr(shaped_links, "link_figures",
                         lambda: {"sizes": [{"busbw_GBps": 1.0}],
+                                 "ring": {"sizes": [{"busbw_GBps": 1.2}]},
                                  "pingpong": {"latency_us": 40.0}})
     for name in ("in_node_figures", "cast_figures", "idle_figures"):
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
@@ -1203,6 +1204,7 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
         "images_per_sec": 1.0, "steady_images_per_sec": 1.0, "num_workers": 1})
     monkeypatch.setattr(shaped_links, "link_figures",
                         lambda: {"sizes": [{"busbw_GBps": 1.0}],
+                                 "ring": {"sizes": [{"busbw_GBps": 1.2}]},
                                  "pingpong": {"latency_us": 40.0}})
     for name in ("in_node_figures", "cast_figures", "idle_figures"):
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
