@@ -35,7 +35,11 @@ free, as on GPUs, where the casts run at memory bandwidth);
 ``intra_node.ring_hop_GBps``, the rate of one hop of a flat ring between two ranks of a node
 that share its core, through the ring's own transport, when it is not ``intra_node``'s;
 ``stragglers.step_cv``, the spread of one rank's step time (sd / mean) that a synchronous
-step pays as the expected slowest of its ranks.
+step pays as the expected slowest of its ranks; ``inter_node.flat_calls``, the flat
+exchange's own all-reduce timed across the network in one shape (``[{"nodes": 2,
+"ranks_per_node": 2, "busbw_GBps": 0.115, "source": "..."}]``, nccl-tests' bus bandwidth of
+one call over all those ranks), charged instead of a ring's time to flat plans of exactly that
+shape whose strategy's in-node hops go through the library's shared memory (Horovod over MPI).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ class Machine:
     cast_s_per_byte: float = 0.0  # fp16 compression's casts down and up, per float32 byte
     # Idle figures of transports other than raw TCP ("ring", "grpc"), where measured.
     transport_idle_s_per_byte: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The flat exchange's own call timed across the link, bus bandwidth by (nodes, ranks per
+    # node): charged to flat plans of exactly that shape (model.Exchange.allreduce).
+    flat_call_GBps: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
 
     def host_rate(self, transport: str = "tcp", after_backward: bool = False) -> float:
         """Host seconds per byte of an exchange through ``transport`` (:data:`HOST_TRANSPORTS`)
@@ -180,6 +187,7 @@ def parse(raw: Any, path: Path) -> Machine:
     ring_hop = (check.number(doc["intra_node"], "intra_node", "ring_hop_GBps")
                 if isinstance(doc["intra_node"], dict) and "ring_hop_GBps" in doc["intra_node"]
                 else 0.0)
+    flat_calls = check.flat_calls(doc["inter_node"])
     stragglers = doc.get("stragglers", {"step_cv": 0.0, "source": "not given: none"})
     check.section(stragglers, "stragglers", ("step_cv", "source"))
     return Machine(
@@ -195,7 +203,8 @@ def parse(raw: Any, path: Path) -> Machine:
                              high=1.0),
         idle_host_s_per_byte=idle_ns * 1e-9, ring_hop_GBps=ring_hop,
         cast_s_per_byte=cast_ns * 1e-9,
-        transport_idle_s_per_byte={name: ns * 1e-9 for name, ns in transport_ns.items()})
+        transport_idle_s_per_byte={name: ns * 1e-9 for name, ns in transport_ns.items()},
+        flat_call_GBps=flat_calls)
 
 
 class _Checker:
@@ -248,6 +257,28 @@ class _Checker:
                     if "software_latency_us" in doc else 0.0)
         return Link(self.number(doc, where, "bandwidth_GBps"),
                     self.number(doc, where, "latency_us", low_inclusive=True) + software)
+
+    def flat_calls(self, inter: Any) -> dict[tuple[int, int], float]:
+        """``inter_node.flat_calls``: bus bandwidth by (nodes, ranks per node); {} if absent."""
+        if not isinstance(inter, dict) or "flat_calls" not in inter:
+            return {}
+        entries = inter["flat_calls"]
+        if not isinstance(entries, list):
+            self.fail("inter_node.flat_calls", "must be a list of objects", entries)
+        found: dict[tuple[int, int], float] = {}
+        for i, entry in enumerate(entries):
+            where = f"inter_node.flat_calls[{i}]"
+            entry = self.section(entry, where, ("nodes", "ranks_per_node", "busbw_GBps",
+                                                "source"))
+            self.text(entry, where, "source")
+            shape = (self.count(entry, where, "nodes"), self.count(entry, where, "ranks_per_node"))
+            if shape[0] < 2:
+                self.fail(f"{where}.nodes", "must be >= 2 (a call across the network)",
+                          shape[0])
+            if shape in found:
+                self.fail(where, f"repeats the shape {shape[0]} nodes x {shape[1]} ranks")
+            found[shape] = self.number(entry, where, "busbw_GBps")
+        return found
 
     def model(self, doc: Any, where: str) -> ModelFigures:
         doc = self.section(doc, where, ("gradient_bytes", "batch_size", "images_per_sec",

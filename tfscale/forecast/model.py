@@ -153,7 +153,8 @@ class Exchange:
     def allreduce(self, local: int, nodes: int, intra: Link, inter: Link,
                   host_s_per_byte: float = 0.0, transport: str = "shared_memory",
                   ring_hop_GBps: float = 0.0, cast_s_per_byte: float = 0.0,
-                  ranks_per_core: float = 1.0) -> Callable[[float], float]:
+                  ranks_per_core: float = 1.0,
+                  flat_call_GBps: float = 0.0) -> Callable[[float], float]:
         """Seconds to all-reduce one fused message of ``nbytes`` (before compression).
 
         ``host_s_per_byte`` > 0 where a node's ranks share a core that also computes: the
@@ -173,11 +174,24 @@ class Exchange:
         message on a flat ring, its ``1/local`` shard for the hierarchical exchange (tfscale's
         node phases stay float32; only the ring across nodes is float16; none on one node;
         none for one rank, which exchanges nothing),
-        ``ranks_per_core`` ranks' casts one after the other where ranks share a core."""
+        ``ranks_per_core`` ranks' casts one after the other where ranks share a core.
+
+        ``flat_call_GBps`` > 0 (flat only): the bus bandwidth of the flat exchange's own call
+        over exactly these ``local x nodes`` ranks, timed across the link at the message's size
+        (:attr:`tfscale.forecast.machines.Machine.flat_call_GBps`). That call holds what a ring
+        over the links does not: the algorithm the collective library picks (Open MPI 4.1
+        takes Rabenseifner's for large messages, whose steps across nodes carry a node's
+        share, not a ring's), its in-node steps, and their turns on a shared core. A message
+        then takes ``2(p-1)/p`` of its bytes at that rate instead of a ring's alpha-beta time
+        and in-node hops; the host-bound floor stays."""
         flat = self.algorithm == "flat"
         scale = 0.5 if self.fp16 else 1.0
 
+        measured = flat and flat_call_GBps > 0 and local * nodes > 1
+
         def algorithm(nbytes: float, local: int, nodes: int, intra: Link, inter: Link) -> float:
+            if measured and math.isfinite(inter.bandwidth_GBps):  # not the host-bound part
+                return ring_allreduce_s(nbytes * scale, local * nodes, Link(flat_call_GBps, 0.0))
             if flat:
                 return flat_allreduce_s(nbytes * scale, local, nodes, intra, inter)
             return hierarchical_allreduce_s(nbytes, local, nodes, intra, inter, scale)
@@ -190,7 +204,7 @@ class Exchange:
         host_links = (Link(math.inf, intra.latency_us) if flat else intra,
                       Link(math.inf, inter.latency_us))
         hop_Bps = (ring_hop_GBps or intra.bandwidth_GBps) * 1e9
-        in_node_hops = flat and transport == "shared_memory" and nodes > 1
+        in_node_hops = flat and transport == "shared_memory" and nodes > 1 and not measured
         casts = 0.0
         if self.fp16 and local * nodes > 1 and (flat or nodes > 1):
             casts = cast_s_per_byte * ranks_per_core / (1 if flat else local)
