@@ -4,7 +4,8 @@ by ``tc`` (token bucket, per direction), and the forecast of every run.
 For each link speed, in alternating rounds:
 
 - the all-reduce bus bandwidth between the nodes (Horovod over MPI, one rank per node;
-  nccl-tests' definition) and the link's latency (TCP ping-pong);
+  nccl-tests' definition), the same over the 2x2 flat layout's four ranks (since 2026-12-05:
+  charged to the flat runs, whose call it is) and the link's latency (TCP ping-pong);
 - ``mlp`` and ``resnet50`` (64 px) weak scaling: 1x1 and 1x2 (one node, no link), 2x1, and
   2x2 flat (one Horovod all-reduce over the 4 ranks, ``--node_exchange=collectives``), 2x2
   hierarchical (shared memory inside each node, Horovod across; with ``--strategy=horovod``
@@ -181,10 +182,12 @@ def link_figures() -> dict[str, Any]:
     which the forecast charges, and under ``"ring"`` tfscale's ring's (multiworker's
     hierarchical cross phase; bare at 1 Gbit/s it drove the link 1.2x as fast as Open MPI, but
     charging it did not bring multiworker's runs closer, docs/FORECAST.md, 2026-12-05); and
-    the link's latency."""
-    def across(*flags: str) -> dict[str, Any]:
+    the link's latency; under ``"flat"`` (sets from 2026-12-05 on) Horovod's all-reduce over
+    the 2x2 flat layout's four ranks, two on each node's core: the call that layout makes, with
+    the algorithm Open MPI picks for it and its in-node steps (docs/FORECAST.md, 2026-12-05)."""
+    def across(*flags: str, local: int = 1) -> dict[str, Any]:
         env = {**os.environ, "HOROVOD_CYCLE_TIME": "0.5"}
-        proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", "--ntasks-per-node=1",
+        proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}",
                                "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m",
                                "bench.link_allreduce_worker", *flags], cwd=ROOT,
                               capture_output=True, text=True, timeout=600, env=env, check=False)
@@ -196,6 +199,7 @@ def link_figures() -> dict[str, Any]:
 
     figures = across()
     figures["ring"] = across("--ring")
+    figures["flat"] = across(local=2)
     server = subprocess.Popen([*CLUSTER, "exec", "--on", NODES[1], sys.executable, "-m",
                                "bench.link_pingpong", "serve", str(PORT)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -438,10 +442,12 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
             timed = link_rows[-1]
-            print(f"[round {round_}] {gbit:g} Gbit/s: busbw "
-                  f"{max(s['busbw_GBps'] for s in timed['sizes']):.3f} GB/s (tfscale's ring "
-                  f"{max(s['busbw_GBps'] for s in timed['ring']['sizes']):.3f}), latency "
-                  f"{timed['pingpong']['latency_us']:.0f} us", flush=True)
+            best = {name: max(s["busbw_GBps"] for s in figures["sizes"])
+                    for name, figures in (("mpi", timed), ("ring", timed["ring"]),
+                                          ("flat", timed["flat"]))}
+            print(f"[round {round_}] {gbit:g} Gbit/s: busbw {best['mpi']:.3f} GB/s (tfscale's "
+                  f"ring {best['ring']:.3f}; Horovod over 2x2 ranks {best['flat']:.3f}), "
+                  f"latency {timed['pingpong']['latency_us']:.0f} us", flush=True)
         for gbit, model, layout in in_round_order(
                 sorted(cases, key=lambda c: (c[0], c[1])), round_):
             shape(gbit)

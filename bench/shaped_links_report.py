@@ -183,8 +183,12 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     hop = 2 * _size_row(ring, preset.gradient_bytes)["busbw_GBps"] if ring else 0.0
     # fp16's casts, where the round timed them on a node (older sets did not: none charged).
     cast_ns = links[0.0].get("cast_ns_per_byte", {}).get(model, 0.0)
+    # Horovod's call over the 2x2 flat layout's ranks, where the round timed it (sets from
+    # 2026-12-05 on), at the run's message size: what its flat runs are charged.
+    flat = {(2, 2): _size_row(across["flat"], message)["busbw_GBps"]} if "flat" in across else {}
     machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
-                                  ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9)
+                                  ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9,
+                                  flat_call_GBps=flat)
     # The host figures: the round's own measurement of each transport (sets from 2026-11-28
     # on; the plan's strategy picks its own, Strategy.host_transports), else the
     # preset's; a what-if's for the run's strategy replaces them all.
@@ -270,6 +274,10 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
         if ring_across:
             link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's ring (multiworker "
                                    "hierarchical; not charged)", ring_across, gbit))
+        flat_across = [f["flat"] for f in found if "flat" in f]
+        if flat_across:
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod over 2x2 ranks (its flat "
+                                   "runs' call; 2 ranks on each node's core)", flat_across, gbit))
     inside = [links[r][0.0]["in_node"] for r in links if 0.0 in links[r]]
     if inside:
         link_rows.append(busbw("inside a node (shared memory, 2 ranks on 1 core)", inside))

@@ -260,6 +260,64 @@ def test_a_multiworker_plan_is_charged_its_own_transports_host_figures(tmp_path:
         machines.parse(doc, tmp_path / "m.json")
 
 
+def test_a_flat_call_timed_in_its_own_shape_replaces_the_rings_time(tmp_path: Path) -> None:
+    """A flat exchange's own call, timed across the network in one shape (bus bandwidth), is
+    what a flat message of exactly that shape costs: not a ring's alpha-beta time and in-node
+    hops (Open MPI's algorithm is not a ring), but still at least the host-bound time. It
+    reaches the forecast from the machine file's ``inter_node.flat_calls`` for that shape
+    only, and only for strategies whose in-node hops are the library's (not multiworker's
+    gRPC ring); bad entries name their field."""
+    intra, inter = Link(10.0, 0.0), Link(1.0, 5.0)
+    flat = Exchange("flat")
+    # 2(p-1)/p = 1.5 of the message at 0.5 GB/s; the ring's time would be 30 us + 1.5 ms.
+    assert flat.allreduce(2, 2, intra, inter, flat_call_GBps=0.5)(1e6) == pytest.approx(3e-3)
+    assert flat.allreduce(2, 2, intra, inter)(1e6) == pytest.approx(30e-6 + 1.5e-3)
+    # No in-node hops on top (they are in the call); a slower host still binds.
+    assert flat.allreduce(2, 2, intra, inter, 2e-9, ring_hop_GBps=1.0, flat_call_GBps=2.0)(
+        1e6) == pytest.approx(30e-6 + 3e-3)
+    assert flat.allreduce(2, 2, intra, inter, 1e-10, ring_hop_GBps=1.0, flat_call_GBps=0.5)(
+        1e6) == pytest.approx(3e-3)
+    assert Exchange("flat", fp16=True).allreduce(2, 2, intra, inter, flat_call_GBps=0.5)(
+        1e6) == pytest.approx(1.5e-3)
+    hier = Exchange("hierarchical")
+    assert hier.allreduce(2, 2, intra, inter, flat_call_GBps=0.5)(1e6) == (
+        hier.allreduce(2, 2, intra, inter)(1e6))
+
+    doc = json.loads(machines.resolve("minicluster_1gbit").read_text())
+    bare = machines.parse(doc, tmp_path / "m.json")
+    doc["inter_node"]["flat_calls"] = [{"nodes": 2, "ranks_per_node": 2, "busbw_GBps": 0.11,
+                                        "source": "a test"}]
+    timed = machines.parse(doc, tmp_path / "m.json")
+    assert timed.flat_call_GBps == {(2, 2): 0.11}
+
+    def row(machine: machines.Machine, nodes: int, strategy: str = "horovod") -> Any:
+        plan = Plan(machine, "mlp", "fp32", 64, 2, (("algorithm", "flat"), ("fp16", False)),
+                    strategy=strategy)
+        return forecast(plan, [nodes])[0]
+
+    # The preset's 1 Gbit/s link at a ring's 1.5x the bytes takes longer than 0.11 GB/s bus
+    # bandwidth does; the step is shorter and the call's time is the exchange's bandwidth.
+    assert row(timed, 2).step_ms < row(bare, 2).step_ms
+    assert row(timed, 2).dominant == "bandwidth"
+    assert row(timed, 4).step_ms == row(bare, 4).step_ms
+    assert row(timed, 2, "multiworker").step_ms == row(bare, 2, "multiworker").step_ms
+    for entries, message in (
+            ({"nodes": 1, "ranks_per_node": 2, "busbw_GBps": 1.0, "source": "s"},
+             r"flat_calls\[0\].nodes' must be >= 2"),
+            ({"nodes": 2, "ranks_per_node": 2, "busbw_GBps": 0, "source": "s"},
+             r"flat_calls\[0\].busbw_GBps' must be a number > 0"),
+            ({"nodes": 2, "ranks_per_node": 2, "busbw_GBps": 1.0},
+             r"flat_calls\[0\].source' is missing"),
+            ("fast", r"flat_calls\[0\]' must be a JSON object")):
+        doc["inter_node"]["flat_calls"] = [entries]
+        with pytest.raises(ValueError, match=message):
+            machines.parse(doc, tmp_path / "m.json")
+    doc["inter_node"]["flat_calls"] = [{"nodes": 2, "ranks_per_node": 2, "busbw_GBps": 1.0,
+                                        "source": "s"}] * 2
+    with pytest.raises(ValueError, match=r"flat_calls\[1\]' repeats the shape 2 nodes x 2"):
+        machines.parse(doc, tmp_path / "m.json")
+
+
 def test_a_strategy_without_a_cycle_all_reduces_one_message_after_the_backward_pass() -> None:
     """multiworker reads no --fp16_allreduce, --fusion_threshold_mb or --cycle_time_ms: the
     forecast recommends none of them for it, and its one float32 message waits for the whole
@@ -713,13 +771,17 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
         host_time_command.measure("tcp", 1 << 20)
 
 
+def _report(result: Path, *args: str) -> list[str]:
+    """The lines of ``bench.shaped_links --report`` on a raw result."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.shaped_links", "--report", "--result", str(result),
+         *args], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout.strip().splitlines()
+
+
 def _kept_report(kept: str, *args: str) -> list[str]:
     """The lines of ``bench.shaped_links --report`` on a kept set in docs/forecast/."""
-    return subprocess.run(
-        [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
-         str(ROOT / "docs" / "forecast" / kept), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
-    ).stdout.strip().splitlines()
+    return _report(ROOT / "docs" / "forecast" / kept, *args)
 
 
 @pytest.mark.parametrize("kept, args, count, worst", [
@@ -799,6 +861,11 @@ def _kept_report(kept: str, *args: str) -> list[str]:
      "+4.2% (resnet50, 10 Gbit/s, 2x1)"),
     ("shaped_links_2026-12-05_zen2_1_25gbit_timelines.json", (), "7 of 8",
      "-28.7% (mlp, 1 Gbit/s, 2x2 flat)"),
+    # The flat layout with Horovod's call over its 2x2 ranks timed in each round, and charged.
+    ("shaped_links_2026-12-05_zen2_flat_call.json", (), "5 of 6",
+     "+13.1% (mlp, 25 Gbit/s, 2x2 flat)"),
+    ("shaped_links_2026-12-05_zen2_flat_call_timelines.json", (), "4 of 4",
+     "+6.4% (mlp, 25 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
@@ -823,6 +890,33 @@ def test_shaped_link_report_shows_tfscales_ring_across_the_link_where_the_round_
     assert [line.split(" | ")[2] for line in ring] == ["0.114", "0.746"]
     assert not any("tfscale's ring (" in line
                    for line in _kept_report("shaped_links_2026-12-04_zen2_1gbit.json"))
+
+
+def test_the_flat_runs_are_charged_the_flat_call_their_round_timed(tmp_path: Path) -> None:
+    """Sets from 2026-12-05 (late morning) on time Horovod's all-reduce over the 2x2 flat
+    layout's ranks across each link; the report shows it and charges it to the flat runs
+    (model.Exchange.allreduce's flat_call_GBps). The kept set's mlp flat run at 1 Gbit/s is
+    then forecast within 10% (+5.1%); the same set without that figure, charged a ring over
+    the links as before, misses it by -24.5%, as docs/FORECAST.md quotes."""
+    kept = "shaped_links_2026-12-05_zen2_flat_call.json"
+
+    def mlp_1gbit(lines: list[str]) -> str:
+        row = next(line for line in lines if line.startswith("| mlp | 1 Gbit/s | 2x2 flat |"))
+        return row.split(" | ")[-1].rstrip(" |")
+
+    lines = _kept_report(kept)
+    assert [line.split(" | ")[3] for line in lines if "Horovod over 2x2 ranks" in line] == [
+        "0.133", "0.597", "0.726"]  # bus bandwidth at 16 MiB, 1, 10 and 25 Gbit/s
+    assert mlp_1gbit(lines) == "+5.1%"
+    result = json.loads((ROOT / "docs" / "forecast" / kept).read_text())
+    for row in result["links"]:
+        row.pop("flat", None)
+    (tmp_path / kept).write_text(json.dumps(result))
+    lines = _report(tmp_path / kept)
+    assert mlp_1gbit(lines) == "-24.5%"
+    assert not any("Horovod over 2x2 ranks" in line for line in lines)
+    doc = (ROOT / "docs" / "FORECAST.md").read_text()
+    assert "+5.1%" in doc and "-24.5%" in doc
 
 
 def test_shaped_link_report_states_how_far_each_runs_rounds_spread() -> None:
@@ -1142,6 +1236,7 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     monkeypatch.setattr(shaped_links, "link_figures",
                         lambda: {"sizes": [{"busbw_GBps": 1.0}],
                                  "ring": {"sizes": [{"busbw_GBps": 1.2}]},
+                                 "flat": {"sizes": [{"busbw_GBps": 0.9}]},
                                  "pingpong": {"latency_us": 40.0}})
     for name in ("in_node_figures", "cast_figures", "idle_figures"):
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
@@ -1205,6 +1300,7 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
     monkeypatch.setattr(shaped_links, "link_figures",
                         lambda: {"sizes": [{"busbw_GBps": 1.0}],
                                  "ring": {"sizes": [{"busbw_GBps": 1.2}]},
+                                 "flat": {"sizes": [{"busbw_GBps": 0.9}]},
                                  "pingpong": {"latency_us": 40.0}})
     for name in ("in_node_figures", "cast_figures", "idle_figures"):
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
