@@ -190,8 +190,6 @@ class Exchange:
         measured = flat and flat_call_GBps > 0 and local * nodes > 1
 
         def algorithm(nbytes: float, local: int, nodes: int, intra: Link, inter: Link) -> float:
-            if measured and math.isfinite(inter.bandwidth_GBps):  # not the host-bound part
-                return ring_allreduce_s(nbytes * scale, local * nodes, Link(flat_call_GBps, 0.0))
             if flat:
                 return flat_allreduce_s(nbytes * scale, local, nodes, intra, inter)
             return hierarchical_allreduce_s(nbytes, local, nodes, intra, inter, scale)
@@ -211,7 +209,8 @@ class Exchange:
 
         def seconds(nbytes: float) -> float:
             sent = nbytes * scale
-            wire = algorithm(nbytes, local, nodes, intra, inter)
+            wire = (ring_allreduce_s(sent, local * nodes, Link(flat_call_GBps, 0.0)) if measured
+                    else algorithm(nbytes, local, nodes, intra, inter))
             if not host_s_per_byte:
                 return wire + casts * nbytes
             host = (algorithm(nbytes, local, nodes, *host_links)
