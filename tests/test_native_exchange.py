@@ -227,3 +227,15 @@ def test_each_kind_of_cpu_gets_its_own_build(tmp_path: Path,
     here = native.library_path()
     monkeypatch.setattr(native, "cpu_kind", lambda: kind)
     assert native.library_path() != here
+
+
+def test_a_cpu_with_fp16_vectors_builds_without_them(tmp_path: Path) -> None:
+    """On a Xeon with AVX512-FP16, ``-march=native`` makes TensorFlow 2.21's Eigen compile FP16
+    packet code that does not compile: the build asks the compiler what ``-march=native``
+    turns on and leaves that extension off, only where it is on."""
+    for defines, wanted in (("#define __AVX512FP16__ 1", True), ("#define __AVX512F__ 1", False)):
+        compiler = tmp_path / f"cxx-{wanted}"
+        compiler.write_text(f"#!/bin/sh\necho '#define __AVX2__ 1'\necho '{defines}'\n")
+        compiler.chmod(0o755)
+        assert ("-mno-avx512fp16" in native._without_fp16_vectors(str(compiler))) is wanted
+    assert native._without_fp16_vectors(str(tmp_path / "no-such-compiler")) == ()

@@ -19,7 +19,8 @@ bench/RESULTS.md). Since such a build may not run on an older CPU, the key also 
 CPU's model and instruction-set flags (:func:`cpu_kind`): nodes of different CPUs that share a
 home directory each build their own. ``-ffp-contract=off`` keeps every multiply and add
 rounded on its own (no fused multiply-add), as the Python exchange and TensorFlow's update
-kernel compute them.
+kernel compute them. AVX512-FP16 alone is left off where ``-march=native`` would turn it on
+(TensorFlow's Eigen headers do not compile with it; :func:`_without_fp16_vectors`).
 Where it cannot be built or loaded, the exchange stays in ``tf.numpy_function`` and one
 warning says why. ``TFSCALE_NATIVE_EXCHANGE=0`` keeps it there on purpose (benchmarks compare
 the two).
@@ -55,9 +56,24 @@ def _command(output: Path, source: Path | None = None) -> list[str]:
     import tensorflow as tf
 
     compiler = os.environ.get("CXX") or "g++"
-    return [compiler, "-O3", "-march=native", "-shared", "-fPIC", "-ffp-contract=off", "-w",
-            str(source or SOURCE),
+    return [compiler, "-O3", "-march=native", *_without_fp16_vectors(compiler), "-shared",
+            "-fPIC", "-ffp-contract=off", "-w", str(source or SOURCE),
             "-o", str(output), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+
+
+@functools.cache
+def _without_fp16_vectors(compiler: str) -> tuple[str, ...]:
+    """``-mno-avx512fp16`` where the compiler's ``-march=native`` turns on AVX512-FP16 (Intel
+    Xeons from Sapphire Rapids on): TensorFlow's bundled Eigen then compiles its FP16 packet
+    code, which does not compile with TensorFlow 2.21's headers (``predux_half_dowto4``, g++
+    12), and TensorFlow's own binary is built without it. The op sums no half-precision values,
+    so nothing it does loses a vector. Nothing is added where the compiler cannot be asked."""
+    try:
+        done = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return ("-mno-avx512fp16",) if "__AVX512FP16__" in done.stdout.split() else ()
 
 
 def library_path() -> Path:
