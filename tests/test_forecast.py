@@ -866,6 +866,9 @@ def _kept_report(kept: str, *args: str) -> list[str]:
      "+13.1% (mlp, 25 Gbit/s, 2x2 flat)"),
     ("shaped_links_2026-12-05_zen2_flat_call_timelines.json", (), "4 of 4",
      "+6.4% (mlp, 25 Gbit/s, 2x2 flat)"),
+    # ... and on a Xeon with AVX512-FP16: horovod's three layouts at 1 and 25 Gbit/s.
+    ("shaped_links_2026-12-05_xeon_fp16.json", (), "11 of 12",
+     "+17.1% (mlp, 25 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
