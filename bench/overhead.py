@@ -9,8 +9,12 @@ On a VM whose speed drifts by more than the gap between rounds (a third within a
 2-core AMD EPYC), ``--side_by_side`` runs the two at the same time instead, each on a core of
 its own with one TensorFlow thread of each kind, the cores swapped every round: both see the
 same drift, and the ratio of a round compares runs that shared the machine's state. The two
-do not start or end their timed steps together: the one that ends later records how long it
-ran with the other core idle (``alone_at_end_s``).
+do not start or end their timed steps together, so a run's own figure counts steps taken
+while the other was still starting or had ended (the one that ends later records how long
+it ran with the other core idle, ``alone_at_end_s``). The round's ratio is therefore taken
+over the window in which both were in timed steps: each prints a line at every step's end
+(``--log_every=1``, ``--step_lines``), this script stamps the lines as they come, and each
+run's rate is its whole steps inside the window (``window_images_per_sec``).
 
     python -m bench.overhead [--rounds 4 --steps 6 --batch_size 32] [--side_by_side]
 """
@@ -20,12 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +50,22 @@ TARGET = 1.00
 RUNS = ("plain keras", "tfscale.train")
 
 
-def _plain_command(steps: int, batch: int, image_size: int, threads: int = 0) -> list[str]:
+# A step's end as both runs print it: tfscale.train's progress line, plain Keras' --step_lines.
+STEP_LINE = re.compile(r"^step (\d+)/\d+\b")
+
+
+def _plain_command(steps: int, batch: int, image_size: int, threads: int = 0,
+                   step_lines: bool = False) -> list[str]:
     return [sys.executable, "-m", "bench.plain_keras", f"--batch_size={batch}",
-            f"--steps={steps}", f"--image_size={image_size}", f"--threads={threads}"]
+            f"--steps={steps}", f"--image_size={image_size}", f"--threads={threads}",
+            *(["--step_lines"] if step_lines else [])]
 
 
-def _tfscale_flags(steps: int, batch: int, image_size: int, threads: int = 0) -> list[str]:
+def _tfscale_flags(steps: int, batch: int, image_size: int, threads: int = 0,
+                   step_lines: bool = False) -> list[str]:
     return ["--model=resnet50", f"--batch_size={batch}", f"--steps={steps}",
             f"--image_size={image_size}", "--learning_rate=0.01", "--precision=fp32",
-            f"--log_every={steps}", f"--intra_op_threads={threads}",
+            f"--log_every={1 if step_lines else steps}", f"--intra_op_threads={threads}",
             f"--inter_op_threads={threads}"]
 
 
@@ -70,29 +83,83 @@ def _on_core(core: int) -> Callable[[], None]:
     return lambda: os.sched_setaffinity(0, {core})
 
 
+def _stamp_steps(stream: Any, path: Path, ends: list[tuple[int, float]]) -> None:
+    """Copies ``stream`` to ``path`` and appends (step, monotonic time) for each step line."""
+    with open(path, "wb") as sink:
+        for line in iter(stream.readline, b""):
+            now = time.monotonic()
+            sink.write(line)
+            match = STEP_LINE.match(line.decode(errors="replace"))
+            if match:
+                ends.append((int(match.group(1)), now))
+
+
+def common_window(ends: Mapping[str, Sequence[tuple[int, float]]], batch: int
+                  ) -> dict[str, dict[str, Any]]:
+    """Each run's images/s over the window in which every run was in timed steps.
+
+    ``ends`` holds, per run, (step, time) at each step's end, step 1 first. A run's timed
+    steps begin when its step 1 (tracing and compilation) ends, as its meter's do; the window
+    runs from the latest such start to the earliest last step end. Each run's rate is its
+    whole steps inside the window: from its first step end in it to its last.
+
+    Raises:
+        ValueError: a run without step 1's end, or a window that holds fewer than two step
+            ends of some run (more ``--steps`` give a longer one).
+    """
+    for run, stamps in ends.items():
+        if not stamps or stamps[0][0] != 1:
+            raise ValueError(f"{run}: no line for step 1's end in its output "
+                             f"(got steps {[step for step, _ in stamps][:5]})")
+    start = max(stamps[0][1] for stamps in ends.values())
+    end = min(stamps[-1][1] for stamps in ends.values())
+    rates = {}
+    for run, stamps in ends.items():
+        inside = [t for _, t in stamps if start <= t <= end]
+        if len(inside) < 2:
+            raise ValueError(
+                f"{run}: {len(inside)} step end(s) in the {max(end - start, 0):.1f} s in which "
+                "both runs were in timed steps; give more --steps")
+        rates[run] = {"window_images_per_sec": round(
+                          batch * (len(inside) - 1) / (inside[-1] - inside[0]), 3),
+                      "window_steps": len(inside) - 1,
+                      "window_s": round(end - start, 1)}
+    return rates
+
+
 def side_by_side(round_: int, steps: int, batch: int, image_size: int,
                  timeout: float = 3600) -> dict[str, dict[str, Any]]:
     """Both runs at once, each on a core of its own with one thread of each kind; plain Keras
-    on the first core in even rounds, on the second in odd ones. The run that ends later has,
-    as ``alone_at_end_s``, how long it ran after the other had ended."""
+    on the first core in even rounds, on the second in odd ones. Each run's row has its own
+    figures, its rate in the window in which both were in timed steps
+    (:func:`common_window`), and, for the run that ends later, how long it ran after the
+    other had ended (``alone_at_end_s``)."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("--side_by_side needs two cores")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "run"
         commands = {
-            "plain keras": _plain_command(steps, batch, image_size, threads=1),
-            "tfscale.train": train_command(_tfscale_flags(steps, batch, image_size, threads=1),
-                                           model_dir)}
+            "plain keras": _plain_command(steps, batch, image_size, threads=1,
+                                          step_lines=True),
+            "tfscale.train": train_command(
+                _tfscale_flags(steps, batch, image_size, threads=1, step_lines=True),
+                model_dir)}
         out = {run: Path(tmp) / f"{index}.out" for index, run in enumerate(RUNS)}
         procs: dict[str, subprocess.Popen[bytes]] = {}
+        readers: list[threading.Thread] = []
+        ends: dict[str, list[tuple[int, float]]] = {run: [] for run in RUNS}
         ended: dict[str, float] = {}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
             for run, core in zip(in_round_order(RUNS, round_), cores, strict=False):
-                with open(out[run], "wb") as sink:
-                    procs[run] = subprocess.Popen(
-                        commands[run], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                        start_new_session=True, preexec_fn=_on_core(core))
+                procs[run] = subprocess.Popen(
+                    commands[run], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    env=env, start_new_session=True, preexec_fn=_on_core(core))
+                readers.append(threading.Thread(
+                    target=_stamp_steps, args=(procs[run].stdout, out[run], ends[run]),
+                    daemon=True))
+                readers[-1].start()
             deadline = time.monotonic() + timeout
             while len(ended) < len(procs) and time.monotonic() < deadline:
                 for run, proc in procs.items():
@@ -104,6 +171,8 @@ def side_by_side(round_: int, steps: int, batch: int, image_size: int,
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+            for reader in readers:
+                reader.join(timeout=30)
         for run, proc in procs.items():
             if run not in ended or proc.returncode != 0:
                 why = "timed out" if run not in ended else "failed"
@@ -112,6 +181,8 @@ def side_by_side(round_: int, steps: int, batch: int, image_size: int,
         plain = json.loads(out["plain keras"].read_text().strip().splitlines()[-1])
         ours = json.loads((model_dir / "results.json").read_text())
         rows = {"plain keras": _rates(plain), "tfscale.train": _rates(ours)}
+        for run, window in common_window(ends, batch).items():
+            rows[run].update(window)
         later = max(ended, key=ended.__getitem__)
         rows[later]["alone_at_end_s"] = round(ended[later] - min(ended.values()), 1)
         return rows
@@ -129,8 +200,9 @@ def measure(rounds: int, steps: int, batch: int, image_size: int,
                        for run in in_round_order(RUNS, round_)}
         for run, result in results.items():
             rows.append({"round": round_ + 1, "run": run, **result})
-        ratios.append(float(results["tfscale.train"]["images_per_sec"])
-                      / float(results["plain keras"]["images_per_sec"]))
+        rate = "window_images_per_sec" if together else "images_per_sec"
+        ratios.append(float(results["tfscale.train"][rate])
+                      / float(results["plain keras"][rate]))
     ratio = statistics.median(ratios)
     return {"cpu": cpu_description(), "rows": rows, "ratios": ratios,
             "plain_images_per_sec": statistics.median(
@@ -148,10 +220,12 @@ def measure(rounds: int, steps: int, batch: int, image_size: int,
 def report(result: dict[str, Any]) -> str:
     return "\n".join([
         table(result["rows"], ["round", "run", "images_per_sec", "step_time_ms"]
-              + (["alone_at_end_s"] if result.get("setup", {}).get("side_by_side") else [])),
+              + (["window_images_per_sec", "window_steps", "window_s", "alone_at_end_s"]
+                 if result.get("setup", {}).get("side_by_side") else [])),
         "",
         f"CPU: {result.get('cpu', '?')}",
-        "runs: " + ("side by side, a core and one thread each, the cores swapped every round"
+        "runs: " + ("side by side, a core and one thread each, the cores swapped every round; "
+                    "the ratio over the window in which both were in timed steps"
                     if result.get("setup", {}).get("side_by_side")
                     else "one after the other, TensorFlow's default threads"),
         "tfscale / plain per round: " + ", ".join(f"{r:.3f}" for r in result.get("ratios", [])),

@@ -1,7 +1,10 @@
 """The baseline a user would write without tfscale: one process, plain ``model.fit`` on the same
 ResNet-50, batch, optimizer and synthetic data. Prints one JSON line with its throughput.
 
-    python -m bench.plain_keras --batch_size 32 --steps 6 [--jit] [--threads 1]
+    python -m bench.plain_keras --batch_size 32 --steps 6 [--jit] [--threads 1] [--step_lines]
+
+``--step_lines`` prints ``step i/N`` at each batch end, as ``tfscale.train --log_every=1``
+does, so that a reader of its output can time each step (``bench.overhead --side_by_side``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ def main() -> None:
     parser.add_argument("--jit", action="store_true")
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow's intra- and inter-op threads (0: its defaults)")
+    parser.add_argument("--step_lines", action="store_true",
+                        help="print 'step i/N' at each batch end")
     args = parser.parse_args()
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -39,7 +44,12 @@ def main() -> None:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=args.jit)
     meter = ThroughputMeter(args.batch_size)  # the same instrument tfscale reports with
-    model.fit(data, steps_per_epoch=args.steps, epochs=1, callbacks=[meter], verbose=0)
+    callbacks: list[keras.callbacks.Callback] = [meter]
+    if args.step_lines:
+        callbacks.append(keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: print(f"step {batch + 1}/{args.steps}",
+                                                         flush=True)))
+    model.fit(data, steps_per_epoch=args.steps, epochs=1, callbacks=callbacks, verbose=0)
     print(json.dumps({"images_per_sec": meter.images_per_sec,
                       "step_time_ms": meter.step_time_ms, "steps": meter.steps}))
 
