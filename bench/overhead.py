@@ -12,9 +12,11 @@ same drift, and the ratio of a round compares runs that shared the machine's sta
 do not start or end their timed steps together, so a run's own figure counts steps taken
 while the other was still starting or had ended (the one that ends later records how long
 it ran with the other core idle, ``alone_at_end_s``). The round's ratio is therefore taken
-over the window in which both were in timed steps: each prints a line at every step's end
+over the window in which both were in steady steps (after each one's first timed step, which
+is slower in both programs: ``WARMUP_STEPS``): each prints a line at every step's end
 (``--log_every=1``, ``--step_lines``), this script stamps the lines as they come, and each
-run's rate is its whole steps inside the window (``window_images_per_sec``).
+run's rate is its whole steps inside the window (``window_images_per_sec``). Each row keeps
+its step ends and exit, in seconds from the start (``step_ends_s``, ``exited_s``).
 
     python -m bench.overhead [--rounds 4 --steps 6 --batch_size 32] [--side_by_side]
 """
@@ -94,14 +96,23 @@ def _stamp_steps(stream: Any, path: Path, ends: list[tuple[int, float]]) -> None
                 ends.append((int(match.group(1)), now))
 
 
-def common_window(ends: Mapping[str, Sequence[tuple[int, float]]], batch: int
-                  ) -> dict[str, dict[str, Any]]:
-    """Each run's images/s over the window in which every run was in timed steps.
+#: Timed steps at each run's start left out of the window: on the Xeon of 2026-12-05 the first
+#: step after compilation took 1.4-1.7x the steady step in both programs (14.5-17.4 s against
+#: about 10.3), with the other core in steady steps too; a window that began at one run's
+#: first timed step and inside the other's steady ones would count that cost for one only.
+WARMUP_STEPS = 1
 
-    ``ends`` holds, per run, (step, time) at each step's end, step 1 first. A run's timed
-    steps begin when its step 1 (tracing and compilation) ends, as its meter's do; the window
-    runs from the latest such start to the earliest last step end. Each run's rate is its
-    whole steps inside the window: from its first step end in it to its last.
+
+def common_window(ends: Mapping[str, Sequence[tuple[int, float]]], batch: int,
+                  warmup: int = WARMUP_STEPS) -> dict[str, dict[str, Any]]:
+    """Each run's images/s over the window in which every run was in steady steps.
+
+    ``ends`` holds, per run, (step, time) at each step's end, step 1 first. A run's steady
+    steps begin when step ``1 + warmup`` ends: step 1 is tracing and compilation, which its
+    meter leaves out, and the ``warmup`` steps after it run slower in both programs
+    (:data:`WARMUP_STEPS`). The window runs from the latest such start to the earliest last
+    step end. Each run's rate is its whole steps inside the window: from its first step end
+    in it to its last.
 
     Raises:
         ValueError: a run without step 1's end, or a window that holds fewer than two step
@@ -111,7 +122,7 @@ def common_window(ends: Mapping[str, Sequence[tuple[int, float]]], batch: int
         if not stamps or stamps[0][0] != 1:
             raise ValueError(f"{run}: no line for step 1's end in its output "
                              f"(got steps {[step for step, _ in stamps][:5]})")
-    start = max(stamps[0][1] for stamps in ends.values())
+    start = max(stamps[min(warmup, len(stamps) - 1)][1] for stamps in ends.values())
     end = min(stamps[-1][1] for stamps in ends.values())
     rates = {}
     for run, stamps in ends.items():
@@ -119,7 +130,7 @@ def common_window(ends: Mapping[str, Sequence[tuple[int, float]]], batch: int
         if len(inside) < 2:
             raise ValueError(
                 f"{run}: {len(inside)} step end(s) in the {max(end - start, 0):.1f} s in which "
-                "both runs were in timed steps; give more --steps")
+                "both runs were in steady steps; give more --steps")
         rates[run] = {"window_images_per_sec": round(
                           batch * (len(inside) - 1) / (inside[-1] - inside[0]), 3),
                       "window_steps": len(inside) - 1,
@@ -131,9 +142,10 @@ def side_by_side(round_: int, steps: int, batch: int, image_size: int,
                  timeout: float = 3600) -> dict[str, dict[str, Any]]:
     """Both runs at once, each on a core of its own with one thread of each kind; plain Keras
     on the first core in even rounds, on the second in odd ones. Each run's row has its own
-    figures, its rate in the window in which both were in timed steps
-    (:func:`common_window`), and, for the run that ends later, how long it ran after the
-    other had ended (``alone_at_end_s``)."""
+    figures, its rate in the window in which both were in steady steps
+    (:func:`common_window`), its step ends and exit in seconds from the start, and, for the
+    run that exits later, how long it ran after the other had exited (``alone_at_end_s``:
+    its last steps and its exit)."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("--side_by_side needs two cores")
@@ -151,6 +163,7 @@ def side_by_side(round_: int, steps: int, batch: int, image_size: int,
         ends: dict[str, list[tuple[int, float]]] = {run: [] for run in RUNS}
         ended: dict[str, float] = {}
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        started = time.monotonic()
         try:
             for run, core in zip(in_round_order(RUNS, round_), cores, strict=False):
                 procs[run] = subprocess.Popen(
@@ -183,6 +196,9 @@ def side_by_side(round_: int, steps: int, batch: int, image_size: int,
         rows = {"plain keras": _rates(plain), "tfscale.train": _rates(ours)}
         for run, window in common_window(ends, batch).items():
             rows[run].update(window)
+        for run, stamps in ends.items():
+            rows[run]["step_ends_s"] = [round(t - started, 2) for _, t in stamps]
+            rows[run]["exited_s"] = round(ended[run] - started, 1)
         later = max(ended, key=ended.__getitem__)
         rows[later]["alone_at_end_s"] = round(ended[later] - min(ended.values()), 1)
         return rows
@@ -225,7 +241,7 @@ def report(result: dict[str, Any]) -> str:
         "",
         f"CPU: {result.get('cpu', '?')}",
         "runs: " + ("side by side, a core and one thread each, the cores swapped every round; "
-                    "the ratio over the window in which both were in timed steps"
+                    "the ratio over the window in which both were in steady steps"
                     if result.get("setup", {}).get("side_by_side")
                     else "one after the other, TensorFlow's default threads"),
         "tfscale / plain per round: " + ", ".join(f"{r:.3f}" for r in result.get("ratios", [])),
