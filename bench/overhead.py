@@ -97,9 +97,10 @@ def _stamp_steps(stream: Any, path: Path, ends: list[tuple[int, float]]) -> None
 
 
 #: Timed steps at each run's start left out of the window: on the Xeon of 2026-12-05 the first
-#: step after compilation took 1.4-1.7x the steady step in both programs (14.5-17.4 s against
-#: about 10.3), with the other core in steady steps too; a window that began at one run's
-#: first timed step and inside the other's steady ones would count that cost for one only.
+#: step after compilation took 1.4-1.8x the steady step in both programs (14.5-18.5 s against
+#: 9.6-11.7), plain Keras' with the other core in steady steps; a window that began at one
+#: run's first timed step and inside the other's steady ones would count that cost for one
+#: only (bench/RESULTS.md, "Both programs timed over the same minutes").
 WARMUP_STEPS = 1
 
 
