@@ -10,8 +10,9 @@ On a VM whose speed drifts by more than the gap between rounds (a third within a
 its own with one TensorFlow thread of each kind, the cores swapped every round: both see the
 same drift, and the ratio of a round compares runs that shared the machine's state. The two
 do not start or end their timed steps together, so a run's own figure counts steps taken
-while the other was still starting or had ended (the one that ends later records how long
-it ran with the other core idle, ``alone_at_end_s``). The round's ratio is therefore taken
+while the other was still starting or had ended (the one that exits later records how long
+it ran after the other had exited, its last steps and its own exit: ``alone_at_end_s``).
+The round's ratio is therefore taken
 over the window in which both were in steady steps (after each one's first timed step, which
 is slower in both programs: ``WARMUP_STEPS``): each prints a line at every step's end
 (``--log_every=1``, ``--step_lines``), this script stamps the lines as they come, and each
