@@ -12,12 +12,12 @@ same drift, and the ratio of a round compares runs that shared the machine's sta
 do not start or end their timed steps together, so a run's own figure counts steps taken
 while the other was still starting or had ended (the one that exits later records how long
 it ran after the other had exited, its last steps and its own exit: ``alone_at_end_s``).
-The round's ratio is therefore taken
-over the window in which both were in steady steps (after each one's first timed step, which
-is slower in both programs: ``WARMUP_STEPS``): each prints a line at every step's end
-(``--log_every=1``, ``--step_lines``), this script stamps the lines as they come, and each
-run's rate is its whole steps inside the window (``window_images_per_sec``). Each row keeps
-its step ends and exit, in seconds from the start (``step_ends_s``, ``exited_s``).
+The round's ratio is therefore taken over the window in which both were in steady steps
+(after each one's first timed step, which is slower in both programs: ``WARMUP_STEPS``):
+each prints a line at every step's end (``--log_every=1``, ``--step_lines``), this script
+stamps the lines as they come, and each run's rate is its whole steps inside the window
+(``window_images_per_sec``). Each row keeps its step ends and exit, in seconds from the
+start (``step_ends_s``, ``exited_s``).
 
     python -m bench.overhead [--rounds 4 --steps 6 --batch_size 32] [--side_by_side]
 """
@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from bench.common import (
     ROOT,
@@ -86,7 +86,7 @@ def _on_core(core: int) -> Callable[[], None]:
     return lambda: os.sched_setaffinity(0, {core})
 
 
-def _stamp_steps(stream: Any, path: Path, ends: list[tuple[int, float]]) -> None:
+def _stamp_steps(stream: IO[bytes], path: Path, ends: list[tuple[int, float]]) -> None:
     """Copies ``stream`` to ``path`` and appends (step, monotonic time) for each step line."""
     with open(path, "wb") as sink:
         for line in iter(stream.readline, b""):

@@ -63,6 +63,7 @@ def test_step_lines_are_stamped_as_they_come_and_the_output_kept(tmp_path: Path)
               "time.sleep(0.3)\nprint('step 2/2  loss 0.9', flush=True)\nprint('not step 3/2')")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     ends: list[tuple[int, float]] = []
+    assert proc.stdout is not None
     _stamp_steps(proc.stdout, tmp_path / "out", ends)
     assert proc.wait(timeout=60) == 0
     assert [step for step, _ in ends] == [1, 2]
