@@ -67,7 +67,11 @@ def yield_where_oversubscribed(environ: MutableMapping[str, str] = os.environ,
     """Sets :data:`MPI_YIELD_VARIABLE` to 1 where, by the launcher's variables, this node's
     ranks outnumber the ``cores`` this process may run on (its affinity by default), unless
     the variable is already set (by the user or mpirun's ``--mca``). Call it before MPI starts
-    (``hvd.init()``). Returns whether it set it."""
+    (``hvd.init()``). Returns whether it set it.
+
+    Ranks bound one to a core (mpirun's ``--bind-to core``) yield too: each sees one core. There
+    a waiting rank shares its core with its own compute threads, and where nothing else is
+    ready to run the yield returns at once."""
     if MPI_YIELD_VARIABLE in environ:
         return False
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
