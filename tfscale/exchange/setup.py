@@ -58,7 +58,8 @@ SHARED_MEMORY_CYCLE_TIME_MS = 50.0
 # nothing to send) then holds the core its neighbour computes on until the scheduler's slice
 # ends: two ranks of mlp on one core of a Xeon (family 6, model 167) ran at 4,090-4,710
 # images/s with Horovod's 5 ms cycle and 7,060-7,440 when yielding, 6,310-6,720 with a 50 ms
-# cycle (bench/RESULTS.md, "Ranks that share a core").
+# cycle; across two such nodes Horovod's flat runs went 1.5-2x as fast (bench/RESULTS.md,
+# "Ranks that share a core").
 MPI_YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
 
 
@@ -71,10 +72,12 @@ def yield_where_oversubscribed(environ: MutableMapping[str, str] = os.environ,
 
     Ranks bound one to a core (mpirun's ``--bind-to core``) yield too: each sees one core. There
     a waiting rank shares its core with its own compute threads, and where nothing else is
-    ready to run the yield returns at once."""
+    ready to run the yield returns at once (bench.shared_core ``--layout bound``: no cost)."""
     if MPI_YIELD_VARIABLE in environ:
         return False
-    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    if cores is None:  # no affinity outside Linux: every core
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
     if cluster_env.this_process(environ).local_size <= cores:
         return False
     environ[MPI_YIELD_VARIABLE] = "1"
