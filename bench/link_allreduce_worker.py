@@ -28,8 +28,6 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfscale.exchange.setup import yield_where_oversubscribed  # noqa: E402
-
 SIZES_MB = (1, 4, 16, 64)
 SMALL_BYTES = 4  # one float32: the time of a call is its latency
 
@@ -53,8 +51,6 @@ def _timed(call: Callable[[], object], barrier: Callable[[], object], seconds: f
 
 
 def main() -> None:
-    # As tfscale's Horovod strategies do, so that the call is timed as the runs make it.
-    yield_where_oversubscribed()
     hvd.init()
     n = hvd.size()
     one_node = hvd.cross_size() == 1 and "--horovod" not in sys.argv[1:]

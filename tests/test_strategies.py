@@ -211,55 +211,6 @@ def test_horovod_cycle_time_default_fits_cpu_steps(
     assert os.environ.get("HOROVOD_CYCLE_TIME") == expected
 
 
-@pytest.mark.parametrize(("local_size", "cores", "preset", "expected"), [
-    (2, 1, None, "1"),   # two ranks on one core: the one that waits gives the core away
-    (4, 2, None, "1"),
-    (2, 2, None, None),  # a core each: Open MPI's spinning wait stays
-    (1, 1, None, None),
-    (2, 1, "0", "0"),    # the user's (or mpirun --mca's) choice stands
-])
-def test_open_mpi_yields_the_core_where_a_nodes_ranks_outnumber_its_cores(
-        local_size: int, cores: int, preset: str | None, expected: str | None,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # Spinning, a rank waiting for Horovod's 5 ms coordination held the core its neighbour
-    # computed on: mlp ran 35% slower with two ranks on one core (exchange.setup's note).
-    from tfscale.config.train_config import TrainConfig
-    from tfscale.exchange import setup as exchange
-    from tfscale.scripts import horovod_api
-    from tfscale.strategies import horovod
-
-    monkeypatch.setenv("TFSCALE_LOCAL_RANK", "0")
-    monkeypatch.setenv("TFSCALE_LOCAL_SIZE", str(local_size))
-    monkeypatch.setenv("HOROVOD_SIZE", str(2 * local_size))
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.setattr(horovod, "_has_gpu", lambda: False)
-    monkeypatch.setattr(horovod_api, "_has_gpu", lambda: False)
-
-    def reset() -> None:
-        monkeypatch.delenv(exchange.MPI_YIELD_VARIABLE, raising=False)
-        if preset is not None:
-            monkeypatch.setenv(exchange.MPI_YIELD_VARIABLE, preset)
-
-    reset()
-    horovod.HorovodStrategy(TrainConfig(strategy="horovod")).apply_environment()
-    assert os.environ.get(exchange.MPI_YIELD_VARIABLE) == expected
-
-    # A user's script (tfscale.horovod.init) gets the same, set before MPI starts.
-    reset()
-    seen = []
-
-    class Horovod:
-        def is_initialized(self) -> bool:
-            return False
-
-        def init(self, *args: Any, **kwargs: Any) -> None:
-            seen.append(os.environ.get(exchange.MPI_YIELD_VARIABLE))
-
-    monkeypatch.setattr(horovod_api, "import_horovod", Horovod)
-    horovod_api.init()
-    assert seen == [expected]
-
-
 def test_one_worker_runs_under_the_default_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
     # One worker with one device has nothing to exchange: no MultiWorkerMirroredStrategy (its
     # collectives on a group of one cost 23% of an mlp step), and Keras is left unpatched.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 
 import numpy as np
@@ -50,38 +50,12 @@ CPU_CYCLE_TIME_MS = 5.0
 # broadcasts, so its cycle can be long: the README command (ResNet-50) ran at 9.51, 9.66 and
 # 9.84 images/s with 5, 20 and 50 ms (3 alternating rounds).
 SHARED_MEMORY_CYCLE_TIME_MS = 50.0
-
-# Open MPI's ranks spin on their core while they wait in a collective, and give it away
-# (sched_yield) only where mpirun knew the node was oversubscribed; under srun, or on cores
-# pinned by taskset or a cgroup, it does not know. Where a node's ranks outnumber the cores they
-# may run on, the rank that waits for Horovod's per-cycle coordination (every 5 ms, even with
-# nothing to send) then holds the core its neighbour computes on until the scheduler's slice
-# ends: two ranks of mlp on one core of a Xeon (family 6, model 167) ran at 4,090-4,710
-# images/s with Horovod's 5 ms cycle and 7,060-7,440 when yielding, 6,310-6,720 with a 50 ms
-# cycle; across two such nodes Horovod's flat runs went 1.5-2x as fast (bench/RESULTS.md,
-# "Ranks that share a core").
-MPI_YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
-
-
-def yield_where_oversubscribed(environ: MutableMapping[str, str] = os.environ,
-                               cores: int | None = None) -> bool:
-    """Sets :data:`MPI_YIELD_VARIABLE` to 1 where, by the launcher's variables, this node's
-    ranks outnumber the ``cores`` this process may run on (its affinity by default), unless
-    the variable is already set (by the user or mpirun's ``--mca``). Call it before MPI starts
-    (``hvd.init()``). Returns whether it set it.
-
-    Ranks bound one to a core (mpirun's ``--bind-to core``) yield too: each sees one core. There
-    a waiting rank shares its core with its own compute threads, and where nothing else is
-    ready to run the yield returns at once (bench.shared_core ``--layout bound``: no cost)."""
-    if MPI_YIELD_VARIABLE in environ:
-        return False
-    if cores is None:  # no affinity outside Linux: every core
-        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else os.cpu_count() or 1)
-    if cluster_env.this_process(environ).local_size <= cores:
-        return False
-    environ[MPI_YIELD_VARIABLE] = "1"
-    return True
+# Where a node's ranks share a core, Open MPI's waiting rank spins through the slice its
+# neighbour would compute in (each 5 ms cycle's coordination): exporting
+# OMPI_MCA_mpi_yield_when_idle=1 made two ranks on one core 1.5x as fast and Horovod's flat
+# runs on the mini-cluster 1.5-2x (bench/RESULTS.md, "Ranks that share a core"). tfscale does
+# not set it: with it set, the first CI run failed once with MPI_ERR_TRUNCATE in the mpirun +
+# hierarchical case across two nodes, not reproduced in 40 reruns and not explained.
 
 
 def mode_from_environment(environ: Mapping[str, str] = os.environ) -> str:

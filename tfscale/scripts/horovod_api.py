@@ -40,10 +40,8 @@ def init(*args: Any, **kwargs: Any) -> None:
     On CPUs, unless ``HOROVOD_CYCLE_TIME`` is set, Horovod's cycle is the one the ``horovod``
     strategy takes (:mod:`tfscale.exchange.setup`): long where every rank is on this
     node and exchanges through shared memory, so that Horovod's idle thread does not slow the
-    steps. Where this node's ranks outnumber its cores, Open MPI's ranks yield their core while
-    they wait (:func:`tfscale.exchange.setup.yield_where_oversubscribed`). A job of several
-    nodes of several ranks starts with dynamic process sets (unless ``process_sets`` is
-    given), which the hierarchical exchange registers.
+    steps. A job of several nodes of several ranks starts with dynamic process sets (unless
+    ``process_sets`` is given), which the hierarchical exchange registers.
     """
     hvd = import_horovod()
     if not hvd.is_initialized():
@@ -52,7 +50,6 @@ def init(*args: Any, **kwargs: Any) -> None:
             long = exchange.one_node_shared_memory(mode)
             cycle = exchange.SHARED_MEMORY_CYCLE_TIME_MS if long else exchange.CPU_CYCLE_TIME_MS
             os.environ["HOROVOD_CYCLE_TIME"] = f"{cycle:g}"
-        exchange.yield_where_oversubscribed()
         if (mode != "collectives" and "process_sets" not in kwargs and len(args) < 2
                 and exchange.several_nodes()):
             kwargs["process_sets"] = "dynamic"

@@ -38,7 +38,6 @@ from tfscale.exchange.setup import (
     horovod_reduction,
     one_node_shared_memory,
     transient,
-    yield_where_oversubscribed,
 )
 from tfscale.exchange.sharded_update import SHARDED_UPDATE
 from tfscale.strategies.base import Rendezvous, Strategy
@@ -210,8 +209,7 @@ class HorovodStrategy(Strategy):
     def apply_environment(self) -> None:
         """Sets :meth:`environment`'s variables, and Horovod's cycle time for CPU training
         when neither ``--cycle_time_ms`` nor ``HOROVOD_CYCLE_TIME`` says otherwise and
-        ``--sync_bn`` is off, and Open MPI's yield where the node's ranks outnumber its cores
-        (call before Horovod starts: both read them once). Creates the
+        ``--sync_bn`` is off (call before Horovod starts: it reads them once). Creates the
         model directory where the timeline or autotune log goes: Horovod opens them in
         ``hvd.init()`` and, in a folder that does not exist, warns and writes neither."""
         if HOROVOD_TIMELINE.of(self.config) or HOROVOD_AUTOTUNE.of(self.config):
@@ -223,7 +221,6 @@ class HorovodStrategy(Strategy):
             self._long_cycle = self._one_node_shared_memory()
             cycle = SHARED_MEMORY_CYCLE_TIME_MS if self._long_cycle else CPU_CYCLE_TIME_MS
             os.environ["HOROVOD_CYCLE_TIME"] = f"{cycle:g}"
-        yield_where_oversubscribed()
 
     def _one_node_shared_memory(self) -> bool:
         """Whether, by the launcher's variables, every rank runs on this node (no
