@@ -55,7 +55,7 @@ SHARED_MEMORY_CYCLE_TIME_MS = 50.0
 # OMPI_MCA_mpi_yield_when_idle=1 made two ranks on one core 1.5x as fast and Horovod's flat
 # runs on the mini-cluster 1.5-2x (bench/RESULTS.md, "Ranks that share a core"). tfscale does
 # not set it: with it set, the first CI run failed once with MPI_ERR_TRUNCATE in the mpirun +
-# hierarchical case across two nodes, not reproduced in 40 reruns and not explained.
+# hierarchical case across two nodes, not reproduced in 38 reruns and not explained.
 
 
 def mode_from_environment(environ: Mapping[str, str] = os.environ) -> str:
