@@ -36,16 +36,18 @@ def train_command(flags: Sequence[str], model_dir: Path) -> list[str]:
 
 
 def train(flags: Sequence[str], cores: Sequence[int] | None = None,
-          timeout: float = 1800, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+          timeout: float = 1800, env: Mapping[str, str] | None = None,
+          launcher: Sequence[str] = ()) -> dict[str, Any]:
     """Runs ``python -m tfscale.train FLAGS`` in a fresh model_dir; returns its results.json.
 
     Args:
         flags: tfscale.train flags (without --model_dir).
         cores: CPU cores the job (and its workers) may use; default all.
         env: variables set for the run on top of this process's environment.
+        launcher: a command that starts the ranks, put before it (``mpirun -np 2 ...``).
     """
     with tempfile.TemporaryDirectory() as tmp:
-        command = train_command(flags, Path(tmp) / "run")
+        command = [*launcher, *train_command(flags, Path(tmp) / "run")]
         pin: Callable[[], None] | None = (
             (lambda: os.sched_setaffinity(0, set(cores))) if cores else None)
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,

@@ -19,16 +19,11 @@ setup``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
-import subprocess
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, cpu_description, in_round_order, save, table, train_command
+from bench.common import cpu_description, in_round_order, save, table, train
 
 MODEL = ["--model=mlp", "--image_size=32", "--batch_size=64", "--strategy=horovod",
          "--sharded_update=false", "--learning_rate=0.01"]
@@ -40,30 +35,21 @@ VARIANTS: dict[str, tuple[str, int]] = {
     "yielding, 50 ms cycle": ("1", 50),
 }
 # layout: (mpirun's binding, the cores the job may use, the node exchange)
-LAYOUTS = {"shared": ("none", {0}, "shared_memory"), "bound": ("core", None, "collectives")}
+LAYOUTS = {"shared": ("none", [0], "shared_memory"), "bound": ("core", None, "collectives")}
 
 
 def run(layout: str, variant: str, steps: int) -> dict[str, Any]:
-    """One run: its images/s over the training steps and the yield its ranks ran with."""
+    """One run: its images/s over the training steps."""
     bind, cores, node_exchange = LAYOUTS[layout]
     yield_, cycle = VARIANTS[variant]
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise SystemExit("bench.shared_core needs Open MPI's mpirun: TFSCALE_WITH_MPI=1 make setup")
-    with tempfile.TemporaryDirectory() as tmp:
-        flags = [*MODEL, f"--steps={steps}", f"--log_every={steps}",
-                 f"--node_exchange={node_exchange}"]
-        command = [mpirun, "--allow-run-as-root", "-np", "2", "--bind-to", bind,
-                   "--mca", "mpi_yield_when_idle", yield_,
-                   "-x", f"HOROVOD_CYCLE_TIME={cycle}",
-                   *train_command(flags, Path(tmp) / "run")]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
-        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                              preexec_fn=pin, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
-        results = json.loads((Path(tmp) / "run" / "results.json").read_text())
+    # --mca wins over an OMPI_MCA_ variable in the environment.
+    launcher = [mpirun, "--allow-run-as-root", "-np", "2", "--bind-to", bind,
+                "--mca", "mpi_yield_when_idle", yield_, "-x", f"HOROVOD_CYCLE_TIME={cycle}"]
+    results = train([*MODEL, f"--steps={steps}", f"--log_every={steps}",
+                     f"--node_exchange={node_exchange}"], cores=cores, launcher=launcher)
     return {"layout": layout, "run": variant, "images_per_sec": results["images_per_sec"]}
 
 
