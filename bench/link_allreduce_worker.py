@@ -8,14 +8,20 @@ the in-node hops of a flat ring over every rank). With ``--float16`` Horovod's a
 carry float16 (what ``--fp16_allreduce`` sends: half the bytes, but its sums are Horovod's own
 float16 reduction, not MPI's); sizes are then the float16 bytes. With ``--ring`` (one rank per
 node) it times tfscale's own ring across the nodes instead (multiworker's hierarchical cross
-phase: :mod:`tfscale.exchange.socket_ring`), Horovod only gathering its ports. Rank 0 prints
-one JSON line: seconds per call for each size in bytes, the bus bandwidth of each
-(nccl-tests' definition, bytes / time x 2(n-1)/n) and the small-message time.
+phase: :mod:`tfscale.exchange.socket_ring`), Horovod only gathering its ports. With
+``--grouped=K`` (Horovod across nodes) each size is split into K tensors and reduced by one
+``hvd.grouped_allreduce``: the call a run whose strategy hands Horovod its gradient list makes,
+with Horovod's copies into its fusion buffer and back, which one tensor does not make (MPI
+reduces it in place of its output). Rank 0 prints one JSON line: seconds per call for each size
+in bytes, the bus bandwidth of each (nccl-tests' definition, bytes / time x 2(n-1)/n) and the
+small-message time. ``--seconds=S`` (default 2): how long each size is timed for (at least 3
+calls, at most 200).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -50,7 +56,27 @@ def _timed(call: Callable[[], object], barrier: Callable[[], object], seconds: f
     return (time.perf_counter() - start) / repeats
 
 
+def _number(args: list[str], name: str, default: float, low: float) -> float:
+    """The value of ``--name=V`` in ``args`` (the last one given), else ``default``.
+
+    Raises:
+        SystemExit: for a value that is not a number >= ``low``, naming the flag.
+    """
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    if not values:
+        return default
+    try:
+        value = float(values[-1])
+    except ValueError:
+        value = math.nan
+    if not value >= low:
+        raise SystemExit(f"--{name}={values[-1]}: expected a number >= {low:g}")
+    return value
+
+
 def main() -> None:
+    grouped = int(_number(sys.argv[1:], "grouped", 1, 1))
+    seconds = _number(sys.argv[1:], "seconds", 2.0, 0.1)
     hvd.init()
     n = hvd.size()
     one_node = hvd.cross_size() == 1 and "--horovod" not in sys.argv[1:]
@@ -76,6 +102,13 @@ def main() -> None:
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
             return lambda: ring.all_reduce(values)
+    elif grouped > 1:
+        transport = "Horovod (MPI), grouped" if hvd.mpi_enabled() else "Horovod (Gloo), grouped"
+
+        def reducer(values: np.ndarray) -> Callable[[], object]:
+            tensors = [tf.constant(part) for part in np.array_split(values, grouped)]
+            return lambda: [t.numpy() for t in hvd.grouped_allreduce(
+                tensors, op=hvd.Sum, name=f"g{values.size}")]
     else:
         transport = "Horovod (MPI)" if hvd.mpi_enabled() else "Horovod (Gloo)"
 
@@ -87,12 +120,12 @@ def main() -> None:
     rows = []
     for nbytes in (SMALL_BYTES, *(mb * 2**20 for mb in SIZES_MB)):
         values = np.ones(nbytes // np.dtype(dtype).itemsize, dtype)
-        seconds = _timed(reducer(values), barrier, 2.0, str(nbytes))
-        rows.append({"bytes": nbytes, "seconds": seconds,
-                     "busbw_GBps": nbytes / seconds * 2 * (n - 1) / n / 1e9})
+        per_call = _timed(reducer(values), barrier, seconds, str(nbytes))
+        rows.append({"bytes": nbytes, "seconds": per_call,
+                     "busbw_GBps": nbytes / per_call * 2 * (n - 1) / n / 1e9})
     if hvd.rank() == 0:
         print(json.dumps({"ranks": n, "nodes": hvd.cross_size(), "transport": transport,
-                          "dtype": np.dtype(dtype).name,
+                          "dtype": np.dtype(dtype).name, "tensors": grouped,
                           "small_message_us": rows[0]["seconds"] * 1e6, "sizes": rows[1:]}))
     sys.stdout.flush()
     barrier()  # every rank is done with the ring before any closes it

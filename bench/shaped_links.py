@@ -5,7 +5,9 @@ For each link speed, in alternating rounds:
 
 - the all-reduce bus bandwidth between the nodes (Horovod over MPI, one rank per node;
   nccl-tests' definition), the same over the 2x2 flat layout's four ranks (since 2026-12-05:
-  charged to the flat runs, whose call it is) and the link's latency (TCP ping-pong);
+  charged to the flat runs, whose call it is), both also as Horovod's grouped call of several
+  tensors (since 2026-12-05 evening: charged to the 2x1 and 2x2 flat runs, which hand Horovod
+  their gradient list and pay its fusion-buffer copies) and the link's latency (TCP ping-pong);
 - ``mlp`` and ``resnet50`` (64 px) weak scaling: 1x1 and 1x2 (one node, no link), 2x1, and
   2x2 flat (one Horovod all-reduce over the 4 ranks, ``--node_exchange=collectives``), 2x2
   hierarchical (shared memory inside each node, Horovod across; with ``--strategy=horovod``
@@ -140,6 +142,14 @@ ACROSS = (
 )
 STRATEGIES = tuple(sorted({layout.strategy for layout in ACROSS}))
 IDLE_BYTES = 16 * 2**20  # the message of each transport's idle host figure, round or run
+#: How long each message size is timed across the link (sets from 2026-12-05 evening on; 2 s
+#: before): at 1 Gbit/s a 2-second timing is 3 calls of 64 MiB, and the same call's 3-call
+#: timings spread by 15-40% there (596-841 ms, one rank per node, the Xeon), more than the
+#: forecast's 10%.
+LINK_SECONDS = 10.0
+#: Tensors per call in the grouped link timings: between mlp's 6 gradients and resnet50's 161;
+#: Horovod's copies through its fusion buffer cost per byte, whatever the count.
+GROUPED_TENSORS = 8
 
 
 @contextlib.contextmanager
@@ -183,13 +193,18 @@ def link_figures() -> dict[str, Any]:
     hierarchical cross phase; bare at 1 Gbit/s it drove the link 1.2x as fast as Open MPI, but
     charging it did not bring multiworker's runs closer, docs/FORECAST.md, 2026-12-05); and
     the link's latency; under ``"flat"`` (sets from 2026-12-05 on) Horovod's all-reduce over
-    the 2x2 flat layout's four ranks, two on each node's core: the call that layout makes, with
-    the algorithm Open MPI picks for it and its in-node steps (docs/FORECAST.md, 2026-12-05)."""
+    the 2x2 flat layout's four ranks, two on each node's core, with the algorithm Open MPI
+    picks for it and its in-node steps (docs/FORECAST.md, 2026-12-05). Under ``"grouped"`` and
+    ``"flat_grouped"`` (sets from 2026-12-05 evening on) the same two shapes with each size in
+    :data:`GROUPED_TENSORS` tensors, one ``hvd.grouped_allreduce``: the call Horovod's 2x1 and
+    2x2 flat runs make, Horovod's fusion-buffer copies included (the hierarchical layouts hand
+    Horovod one buffer, the one-tensor call's)."""
     def across(*flags: str, local: int = 1) -> dict[str, Any]:
         env = {**os.environ, "HOROVOD_CYCLE_TIME": "0.5"}
         proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}",
                                "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m",
-                               "bench.link_allreduce_worker", *flags], cwd=ROOT,
+                               "bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
+                               *flags], cwd=ROOT,
                               capture_output=True, text=True, timeout=600, env=env, check=False)
         if proc.returncode:
             raise RuntimeError(f"link all-reduce {' '.join(flags)} failed:\n"
@@ -200,6 +215,8 @@ def link_figures() -> dict[str, Any]:
     figures = across()
     figures["ring"] = across("--ring")
     figures["flat"] = across(local=2)
+    figures["grouped"] = across(f"--grouped={GROUPED_TENSORS}")
+    figures["flat_grouped"] = across(f"--grouped={GROUPED_TENSORS}", local=2)
     server = subprocess.Popen([*CLUSTER, "exec", "--on", NODES[1], sys.executable, "-m",
                                "bench.link_pingpong", "serve", str(PORT)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -442,11 +459,12 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
             timed = link_rows[-1]
-            best = {name: max(s["busbw_GBps"] for s in figures["sizes"])
-                    for name, figures in (("mpi", timed), ("ring", timed["ring"]),
-                                          ("flat", timed["flat"]))}
-            print(f"[round {round_}] {gbit:g} Gbit/s: busbw {best['mpi']:.3f} GB/s (tfscale's "
-                  f"ring {best['ring']:.3f}; Horovod over 2x2 ranks {best['flat']:.3f}), "
+            best = {name: max(s["busbw_GBps"] for s in timed[name]["sizes"])
+                    for name in ("ring", "grouped", "flat", "flat_grouped")}
+            mpi = max(s["busbw_GBps"] for s in timed["sizes"])
+            print(f"[round {round_}] {gbit:g} Gbit/s: busbw {mpi:.3f} GB/s, grouped "
+                  f"{best['grouped']:.3f} (tfscale's ring {best['ring']:.3f}; Horovod over 2x2 "
+                  f"ranks {best['flat']:.3f}, grouped {best['flat_grouped']:.3f}), "
                   f"latency {timed['pingpong']['latency_us']:.0f} us", flush=True)
         for gbit, model, layout in in_round_order(
                 sorted(cases, key=lambda c: (c[0], c[1])), round_):

@@ -171,7 +171,13 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     preset = base.model(model)
     across, inside = links[gbit], links[0.0]["in_node"]
     message = message_bytes(preset.gradient_bytes, layout)
-    inter = Link(_size_row(across, message)["busbw_GBps"], across["pingpong"]["latency_us"])
+    # A Horovod run without tfscale's node phases (2x1, 2x2 flat) hands Horovod its gradient
+    # list: charged Horovod's grouped call, fusion-buffer copies and all, where the round timed
+    # it (sets from 2026-12-05 evening on); the hierarchical runs hand it one buffer.
+    grouped = layout.strategy == "horovod" and layout.algorithm == "flat"
+    one_per_node = across.get("grouped", across) if grouped and layout.local == 1 else across
+    inter = Link(_size_row(one_per_node, message)["busbw_GBps"],
+                 across["pingpong"]["latency_us"])
     intra = Link(_size_row(inside, preset.gradient_bytes)["busbw_GBps"],
                  base.intra.latency_us)
     local = layout.local
@@ -184,8 +190,10 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # fp16's casts, where the round timed them on a node (older sets did not: none charged).
     cast_ns = links[0.0].get("cast_ns_per_byte", {}).get(model, 0.0)
     # Horovod's call over the 2x2 flat layout's ranks, where the round timed it (sets from
-    # 2026-12-05 on), at the run's message size: what its flat runs are charged.
-    flat = {(2, 2): _size_row(across["flat"], message)["busbw_GBps"]} if "flat" in across else {}
+    # 2026-12-05 on), at the run's message size: what its flat runs are charged (grouped, as
+    # above, where the round has that).
+    call = across.get("flat_grouped", across.get("flat")) if grouped else across.get("flat")
+    flat = {(2, 2): _size_row(call, message)["busbw_GBps"]} if call else {}
     machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
                                   ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9,
                                   flat_call_GBps=flat)
@@ -274,10 +282,19 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
         if ring_across:
             link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's ring (multiworker "
                                    "hierarchical; not charged)", ring_across, gbit))
+        grouped = [f["grouped"] for f in found if "grouped" in f]
+        if grouped:
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod's grouped call (2x1 runs' call: "
+                                   "fusion-buffer copies)", grouped, gbit))
         flat_across = [f["flat"] for f in found if "flat" in f]
+        flat_grouped = [f["flat_grouped"] for f in found if "flat_grouped" in f]
         if flat_across:
-            link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod over 2x2 ranks (its flat "
-                                   "runs' call; 2 ranks on each node's core)", flat_across, gbit))
+            whose = "one tensor" if flat_grouped else "its flat runs' call"
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod over 2x2 ranks ({whose}; 2 ranks "
+                                   "on each node's core)", flat_across, gbit))
+        if flat_grouped:
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod's grouped call over 2x2 ranks "
+                                   "(flat runs' call: fusion-buffer copies)", flat_grouped, gbit))
     inside = [links[r][0.0]["in_node"] for r in links if 0.0 in links[r]]
     if inside:
         link_rows.append(busbw("inside a node (shared memory, 2 ranks on 1 core)", inside))

@@ -922,6 +922,46 @@ def test_the_flat_runs_are_charged_the_flat_call_their_round_timed(tmp_path: Pat
     assert "+5.1%" in doc and "-24.5%" in doc
 
 
+def test_horovods_own_fusion_runs_are_charged_the_grouped_call_their_round_timed(
+        tmp_path: Path) -> None:
+    """Sets from 2026-12-05 evening on also time Horovod's grouped call (several tensors, one
+    ``grouped_allreduce``: its copies into the fusion buffer and back) with one rank per node
+    and over the 2x2 flat ranks. The 2x1 and 2x2 flat Horovod runs hand Horovod their gradient
+    list, so they are charged it; the hierarchical runs hand it one buffer and keep the
+    one-tensor call; the report shows both."""
+    from bench.shaped_links import ACROSS
+    from bench.shaped_links_report import _links_by_round, machine_for, plan_for
+    from tfscale.forecast.predict import forecast as forecast_rows
+
+    kept = "shaped_links_2026-12-05_xeon_yield.json"
+    result = json.loads((ROOT / "docs" / "forecast" / kept).read_text())
+    for row in result["links"]:
+        if row["gbit"]:  # the grouped calls at half the one-tensor calls' bus bandwidth
+            for single, grouped in (("sizes", "grouped"), ("flat", "flat_grouped")):
+                sizes = row[single] if single == "flat" else row
+                row[grouped] = {"tensors": 8, "sizes": [
+                    {**size, "busbw_GBps": size["busbw_GBps"] / 2} for size in sizes["sizes"]]}
+    layouts = {layout.name: layout for layout in ACROSS}
+    old, new = _links_by_round(json.loads((ROOT / "docs" / "forecast" / kept).read_text()))[0], \
+        _links_by_round(result)[0]
+
+    def step_ms(links: dict[float, Any], name: str) -> float:
+        machine = machine_for(25.0, "mlp", layouts[name], 6000.0, links, 64)
+        row = forecast_rows(plan_for(machine, "mlp", layouts[name], 64), [2])[0]
+        return 1e3 * 128 * layouts[name].local / row.images_per_sec
+
+    for name in ("2x1", "2x2 flat"):
+        assert step_ms(new, name) > step_ms(old, name) + 5, name
+    assert step_ms(new, "2x2 hierarchical") == pytest.approx(step_ms(old, "2x2 hierarchical"))
+    assert step_ms(new, "2x2 multiworker flat") == pytest.approx(
+        step_ms(old, "2x2 multiworker flat"))
+    (tmp_path / kept).write_text(json.dumps(result))
+    lines = _report(tmp_path / kept)
+    assert sum("Horovod's grouped call (2x1 runs' call" in line for line in lines) == 2
+    assert sum("Horovod's grouped call over 2x2 ranks" in line for line in lines) == 2
+    assert sum("Horovod over 2x2 ranks (one tensor;" in line for line in lines) == 2
+
+
 def test_shaped_link_report_states_how_far_each_runs_rounds_spread() -> None:
     """With several rounds the report says how far the same run's efficiency moved between
     rounds (each round against its own baseline): on the kept three-round Zen 4 set, 8 of 48
