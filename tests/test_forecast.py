@@ -1250,6 +1250,13 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
     assert figures["node"]["idle_ns_per_byte"] == {"tcp": 1.0, "ring": 1.0}
 
 
+def _link_figures() -> dict[str, Any]:
+    """What bench.shaped_links.link_figures returns, made up: each call's bus bandwidth."""
+    return {"sizes": [{"busbw_GBps": 1.0}], "ring": {"sizes": [{"busbw_GBps": 1.2}]},
+            "flat": {"sizes": [{"busbw_GBps": 0.9}]}, "grouped": {"sizes": [{"busbw_GBps": 0.95}]},
+            "flat_grouped": {"sizes": [{"busbw_GBps": 0.85}]}, "pingpong": {"latency_us": 40.0}}
+
+
 def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``--bracketed_baselines``: each two-node run gets its one-node baseline just before and
@@ -1276,11 +1283,7 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     monkeypatch.setattr(shaped_links, "save", lambda *args: None)
     monkeypatch.setattr(shaped_links, "shape", lambda gbit: None)
     monkeypatch.setattr(shaped_links, "train", train)
-    monkeypatch.setattr(shaped_links, "link_figures",
-                        lambda: {"sizes": [{"busbw_GBps": 1.0}],
-                                 "ring": {"sizes": [{"busbw_GBps": 1.2}]},
-                                 "flat": {"sizes": [{"busbw_GBps": 0.9}]},
-                                 "pingpong": {"latency_us": 40.0}})
+    monkeypatch.setattr(shaped_links, "link_figures", _link_figures)
     for name in ("in_node_figures", "cast_figures", "idle_figures"):
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
     layouts = {layout.name: layout for layout in shaped_links.ACROSS}
@@ -1340,11 +1343,7 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
     monkeypatch.setattr(shaped_links, "shape", lambda gbit: None)
     monkeypatch.setattr(shaped_links, "train", lambda model, layout, timeline=False: {
         "images_per_sec": 1.0, "steady_images_per_sec": 1.0, "num_workers": 1})
-    monkeypatch.setattr(shaped_links, "link_figures",
-                        lambda: {"sizes": [{"busbw_GBps": 1.0}],
-                                 "ring": {"sizes": [{"busbw_GBps": 1.2}]},
-                                 "flat": {"sizes": [{"busbw_GBps": 0.9}]},
-                                 "pingpong": {"latency_us": 40.0}})
+    monkeypatch.setattr(shaped_links, "link_figures", _link_figures)
     for name in ("in_node_figures", "cast_figures", "idle_figures"):
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
     flat = next(layout for layout in shaped_links.ACROSS
