@@ -20,8 +20,8 @@ calls, at most 200).
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 import os
 import socket
 import sys
@@ -56,30 +56,26 @@ def _timed(call: Callable[[], object], barrier: Callable[[], object], seconds: f
     return (time.perf_counter() - start) / repeats
 
 
-def _number(args: list[str], name: str, default: float, low: float) -> float:
-    """The value of ``--name=V`` in ``args`` (the last one given), else ``default``.
-
-    Raises:
-        SystemExit: for a value that is not a number >= ``low``, naming the flag.
-    """
-    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
-    if not values:
-        return default
-    try:
-        value = float(values[-1])
-    except ValueError:
-        value = math.nan
-    if not value >= low:
-        raise SystemExit(f"--{name}={values[-1]}: expected a number >= {low:g}")
-    return value
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--horovod", action="store_true")
+    parser.add_argument("--ring", action="store_true")
+    parser.add_argument("--float16", action="store_true")
+    parser.add_argument("--grouped", type=int, default=1, metavar="K")
+    parser.add_argument("--seconds", type=float, default=2.0, metavar="S")
+    args = parser.parse_args()
+    if args.grouped < 1 or not args.seconds > 0:
+        parser.error(f"--grouped={args.grouped} --seconds={args.seconds:g}: expected a number "
+                     "of tensors >= 1 and a positive time")
+    return args
 
 
 def main() -> None:
-    grouped = int(_number(sys.argv[1:], "grouped", 1, 1))
-    seconds = _number(sys.argv[1:], "seconds", 2.0, 0.1)
+    args = _arguments()
+    grouped = args.grouped
     hvd.init()
     n = hvd.size()
-    one_node = hvd.cross_size() == 1 and "--horovod" not in sys.argv[1:]
+    one_node = hvd.cross_size() == 1 and not args.horovod
     barrier: Callable[[], object] = lambda: hvd.allreduce(tf.zeros(1), name="barrier").numpy()  # noqa: E731
     close: Callable[[], object] = lambda: None  # noqa: E731
     if one_node:
@@ -91,7 +87,7 @@ def main() -> None:
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
             return lambda: node.all_reduce(values, copy=False)
-    elif "--ring" in sys.argv[1:]:
+    elif args.ring:
         from tfscale.exchange.cross_node import TRANSPORT as transport
         from tfscale.exchange.socket_ring import open_ring
 
@@ -116,11 +112,11 @@ def main() -> None:
             tensor = tf.constant(values)
             return lambda: hvd.allreduce(tensor, op=hvd.Sum, name=f"v{values.size}").numpy()
 
-    dtype = np.float16 if "--float16" in sys.argv[1:] and not one_node else np.float32
+    dtype = np.float16 if args.float16 and not one_node else np.float32
     rows = []
     for nbytes in (SMALL_BYTES, *(mb * 2**20 for mb in SIZES_MB)):
         values = np.ones(nbytes // np.dtype(dtype).itemsize, dtype)
-        per_call = _timed(reducer(values), barrier, seconds, str(nbytes))
+        per_call = _timed(reducer(values), barrier, args.seconds, str(nbytes))
         rows.append({"bytes": nbytes, "seconds": per_call,
                      "busbw_GBps": nbytes / per_call * 2 * (n - 1) / n / 1e9})
     if hvd.rank() == 0:

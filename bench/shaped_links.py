@@ -111,6 +111,13 @@ class Layout:
         return self.nodes > 1
 
     @property
+    def grouped_call(self) -> bool:
+        """Whether its runs hand Horovod their gradient list (horovod without tfscale's node
+        phases: 2x1 and flat), whose call :func:`link_figures` times as ``"grouped"`` and
+        ``"flat_grouped"``; the hierarchical layouts hand it one buffer."""
+        return self.strategy == "horovod" and self.algorithm == "flat"
+
+    @property
     def has_timeline(self) -> bool:
         """Whether ``--horovod_timeline`` applies: a Horovod exchange across nodes."""
         return self.uses_link and self.strategy in ("horovod", "ddl")

@@ -171,10 +171,9 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     preset = base.model(model)
     across, inside = links[gbit], links[0.0]["in_node"]
     message = message_bytes(preset.gradient_bytes, layout)
-    # A Horovod run without tfscale's node phases (2x1, 2x2 flat) hands Horovod its gradient
-    # list: charged Horovod's grouped call, fusion-buffer copies and all, where the round timed
-    # it (sets from 2026-12-05 evening on); the hierarchical runs hand it one buffer.
-    grouped = layout.strategy == "horovod" and layout.algorithm == "flat"
+    # A run that hands Horovod its gradient list is charged Horovod's grouped call,
+    # fusion-buffer copies and all, where the round timed it (sets from 2026-12-05 evening on).
+    grouped = layout.grouped_call
     one_per_node = across.get("grouped", across) if grouped and layout.local == 1 else across
     inter = Link(_size_row(one_per_node, message)["busbw_GBps"],
                  across["pingpong"]["latency_us"])
