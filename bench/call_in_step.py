@@ -1,0 +1,84 @@
+"""Horovod's all-reduce inside a training step, against the call and the step timed apart.
+
+bench.shaped_links charges a flat Horovod run across nodes its one-node step plus the grouped
+call timed back to back. Where the link binds (mlp, 2x2 flat, 1 Gbit/s) the runs took 20-30%
+longer than that on the Xeon of 2026-12-05, and Horovod's timeline put the excess in
+MPI_Allreduce itself. This bench asks whether tfscale.train adds it: on the two-node
+mini-cluster, two ranks per node on each node's one core as in the 2x2 flat layout, at one link
+speed, :mod:`bench.call_in_step_worker` times the call alone, a plain Keras step of mlp alone,
+the step with the call inside it (no Keras fit, no tfscale), and a control: a chain of matrix
+products as long as the step, alone and followed by the call. The excess of a pair is its time
+less the sum of its parts' times.
+
+    python -m bench.call_in_step [--link 1 --rounds 3 --iterations 40]   (as root)
+
+About 4 minutes at 1 Gbit/s. Needs the mini-cluster (``TFSCALE_WITH_MPI=1 make setup``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench.common import cpu_description, save, table
+from bench.shaped_links import CLUSTER, ROOT, shape, two_nodes
+
+CYCLE_MS = 5  # what tfscale.train sets for Horovod across nodes on CPUs
+
+
+def measure(gbit: float, rounds: int, iterations: int) -> dict[str, Any]:
+    """One worker run at ``gbit`` Gbit/s: its JSON line (ms per iteration of each mode)."""
+    with two_nodes():
+        shape(gbit)
+        command = [*CLUSTER, "exec", "srun", "-N2", "--ntasks-per-node=2", "--mpi=pmix",
+                   "--kill-on-bad-exit=1", sys.executable, "-m", "bench.call_in_step_worker",
+                   f"--iterations={iterations}", f"--rounds={rounds}"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "HOROVOD_CYCLE_TIME": str(CYCLE_MS)},
+                              check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        sys.exit(f"bench.call_in_step_worker failed (exit {done.returncode}):\n"
+                 f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def excesses(ms: dict[str, list[float]]) -> dict[str, float]:
+    """Each pair's median time less the sum of its parts' medians, in ms."""
+    median = {mode: statistics.median(values) for mode, values in ms.items()}
+    return {pair: median[pair] - sum(median[part] for part in pair.split("+"))
+            for pair in ("step+call", "chain+call")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--link", type=float, default=1.0, help="Gbit/s of each node's link")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=40)
+    args = parser.parse_args()
+    if not args.link > 0:
+        parser.error(f"--link={args.link:g}: expected a link speed in Gbit/s above 0")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result = measure(args.link, args.rounds, args.iterations)
+    ms = result["ms"]
+    rows = [{"mode": mode, "median ms": statistics.median(values),
+             "rounds": ", ".join(f"{v:.1f}" for v in values)} for mode, values in ms.items()]
+    extra = excesses(ms)
+    print(table(rows, ["mode", "median ms", "rounds"]))
+    for pair, value in extra.items():
+        print(f"{pair}: {value:+.1f} ms over its parts")
+    path = save("call_in_step", {"cpu": cpu_description(), "started": started,
+                                 "link_gbit": args.link, "cycle_ms": CYCLE_MS,
+                                 **result, "excess_ms": extra})
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
