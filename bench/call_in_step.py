@@ -1,9 +1,9 @@
 """Horovod's all-reduce inside a training step, against the call and the step timed apart.
 
 bench.shaped_links charges a flat Horovod run across nodes its one-node step plus the grouped
-call timed back to back. Where the link binds (mlp, 2x2 flat, 1 Gbit/s) the runs took 20-30%
-longer than that on the Xeon of 2026-12-05, and Horovod's timeline put the excess in
-MPI_Allreduce itself. This bench asks whether tfscale.train adds it: on the two-node
+call timed back to back. Where the link binds (mlp, 2x2 flat, 1 Gbit/s) the runs took 5-29%
+longer than that over the sets of 2026-12-05 on a Xeon, and Horovod's timeline put the excess
+in MPI_Allreduce itself. This bench asks whether tfscale.train adds it: on the two-node
 mini-cluster, two ranks per node on each node's one core as in the 2x2 flat layout, at one link
 speed, :mod:`bench.call_in_step_worker` times the call alone, a plain Keras step of mlp alone,
 the step with the call inside it (no Keras fit, no tfscale), and a control: a chain of matrix

@@ -1,15 +1,16 @@
 """One rank of bench.call_in_step, started by ``srun --mpi=pmix`` on the mini-cluster.
 
 Times, per iteration, on every rank at once: Horovod's grouped all-reduce of mlp's gradients
-alone (``call``: the call bench.shaped_links times, back to back); a plain Keras training step
-of mlp alone (``step``: forward, backward and SGD with momentum in one ``tf.function``, no
-exchange); that step with the grouped all-reduce of its gradients inside it, averaged, before
-the update (``step+call``: what a flat Horovod run of tfscale.train does in each step, without
-Keras' fit, tfscale's callbacks or its optimizer wrapper); and, as a control, a chain of
-matrix products as long as the step (``chain``, its length agreed from rank 0's timing of the
-step) alone and with the same call after it (``chain+call``). Modes alternate within each
-round, in order in the first round and reversed in the next. Rank 0 prints one JSON line: ms per
-iteration of each mode, one figure per round.
+alone (``call``: summed, back to back, as bench.shaped_links times it, here at the cycle the
+driver sets); a plain Keras training step of mlp alone (``step``: forward, backward and SGD with
+momentum in one ``tf.function``, no exchange); that step with the grouped all-reduce of its
+gradients inside it, averaged as tfscale's reduction does, before the update (``step+call``:
+what a flat Horovod run of tfscale.train does in each step, without Keras' fit, tfscale's
+callbacks or its optimizer wrapper); and, as a control, a chain of matrix products as long as
+the step (``chain``, its length agreed from rank 0's timing of the step) alone and with the
+same call after it (``chain+call``). Modes alternate within each round, in order in the first
+round and reversed in the next. Rank 0 prints one JSON line: ms per iteration of each mode,
+one figure per round.
 """
 
 from __future__ import annotations
