@@ -10,7 +10,9 @@ the step with the call inside it (no Keras fit, no tfscale), and a control: a ch
 products as long as the step, alone and followed by the call. The excess of a pair is its time
 less the sum of its parts' times.
 
-    python -m bench.call_in_step [--link 1 --rounds 3 --iterations 40]   (as root)
+    python -m bench.call_in_step [--link 1 --ranks_per_node 2 --rounds 3 --iterations 40]
+
+As root. ``--ranks_per_node 1`` runs one rank on each node's core instead (the 2x1 layout).
 
 About 4 minutes at 1 Gbit/s. Needs the mini-cluster (``TFSCALE_WITH_MPI=1 make setup``).
 """
@@ -32,11 +34,12 @@ from bench.shaped_links import CLUSTER, ROOT, shape, two_nodes
 CYCLE_MS = 5  # what tfscale.train sets for Horovod across nodes on CPUs
 
 
-def measure(gbit: float, rounds: int, iterations: int) -> dict[str, Any]:
-    """One worker run at ``gbit`` Gbit/s: its JSON line (ms per iteration of each mode)."""
+def measure(gbit: float, local: int, rounds: int, iterations: int) -> dict[str, Any]:
+    """One worker run at ``gbit`` Gbit/s, ``local`` ranks on each node: its JSON line (ms per
+    iteration of each mode)."""
     with two_nodes():
         shape(gbit)
-        command = [*CLUSTER, "exec", "srun", "-N2", "--ntasks-per-node=2", "--mpi=pmix",
+        command = [*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}", "--mpi=pmix",
                    "--kill-on-bad-exit=1", sys.executable, "-m", "bench.call_in_step_worker",
                    f"--iterations={iterations}", f"--rounds={rounds}"]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800,
@@ -60,13 +63,15 @@ def excesses(ms: dict[str, list[float]]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--link", type=float, default=1.0, help="Gbit/s of each node's link")
+    parser.add_argument("--ranks_per_node", type=int, choices=(1, 2), default=2,
+                        help="ranks on each node's one core (2: the 2x2 flat layout)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=40)
     args = parser.parse_args()
     if not args.link > 0:
         parser.error(f"--link={args.link:g}: expected a link speed in Gbit/s above 0")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    result = measure(args.link, args.rounds, args.iterations)
+    result = measure(args.link, args.ranks_per_node, args.rounds, args.iterations)
     ms = result["ms"]
     rows = [{"mode": mode, "median ms": statistics.median(values),
              "rounds": ", ".join(f"{v:.1f}" for v in values)} for mode, values in ms.items()]
@@ -75,7 +80,8 @@ def main() -> None:
     for pair, value in extra.items():
         print(f"{pair}: {value:+.1f} ms over its parts")
     path = save("call_in_step", {"cpu": cpu_description(), "started": started,
-                                 "link_gbit": args.link, "cycle_ms": CYCLE_MS,
+                                 "link_gbit": args.link, "ranks_per_node": args.ranks_per_node,
+                                 "cycle_ms": CYCLE_MS,
                                  **result, "excess_ms": extra})
     print(f"saved {path}")
 
