@@ -20,16 +20,12 @@ About 4 minutes at 1 Gbit/s. Needs the mini-cluster (``TFSCALE_WITH_MPI=1 make s
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
 from bench.common import cpu_description, save, table
-from bench.shaped_links import CLUSTER, ROOT, shape, two_nodes
+from bench.shaped_links import on_both_nodes, shape, two_nodes
 
 CYCLE_MS = 5  # what tfscale.train sets for Horovod across nodes on CPUs
 
@@ -39,18 +35,8 @@ def measure(gbit: float, local: int, rounds: int, iterations: int) -> dict[str, 
     iteration of each mode)."""
     with two_nodes():
         shape(gbit)
-        command = [*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}", "--mpi=pmix",
-                   "--kill-on-bad-exit=1", sys.executable, "-m", "bench.call_in_step_worker",
-                   f"--iterations={iterations}", f"--rounds={rounds}"]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                              env={**os.environ, "HOROVOD_CYCLE_TIME": str(CYCLE_MS)},
-                              check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        sys.exit(f"bench.call_in_step_worker failed (exit {done.returncode}):\n"
-                 f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+        return on_both_nodes("bench.call_in_step_worker", f"--iterations={iterations}",
+                             f"--rounds={rounds}", local=local, cycle_ms=CYCLE_MS, timeout=1800)
 
 
 def excesses(ms: dict[str, list[float]]) -> dict[str, float]:

@@ -194,6 +194,26 @@ def shape(gbit: float) -> None:
                             "20ms"], check=True)
 
 
+def on_both_nodes(module: str, *flags: str, local: int = 1, cycle_ms: float = 0.5,
+                  timeout: float = 600) -> dict[str, Any]:
+    """``python -m module FLAGS`` under srun, ``local`` ranks on each of the two nodes, at
+    Horovod's cycle ``cycle_ms``: the JSON object rank 0 prints as the last line.
+
+    Raises:
+        RuntimeError: naming the module and flags, with the end of its output, when it fails.
+    """
+    env = {**os.environ, "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}"}
+    proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}",
+                           "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m", module,
+                           *flags], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=env, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{module} {' '.join(flags)} failed:\n"
+                           f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
 def link_figures() -> dict[str, Any]:
     """Bus bandwidth of the all-reduce across the link (one rank per node): Horovod's (MPI),
     which the forecast charges, and under ``"ring"`` tfscale's ring's (multiworker's
@@ -207,17 +227,8 @@ def link_figures() -> dict[str, Any]:
     2x2 flat runs make, Horovod's fusion-buffer copies included (the hierarchical layouts hand
     Horovod one buffer, the one-tensor call's)."""
     def across(*flags: str, local: int = 1) -> dict[str, Any]:
-        env = {**os.environ, "HOROVOD_CYCLE_TIME": "0.5"}
-        proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}",
-                               "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m",
-                               "bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
-                               *flags], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600, env=env, check=False)
-        if proc.returncode:
-            raise RuntimeError(f"link all-reduce {' '.join(flags)} failed:\n"
-                               f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return found
+        return on_both_nodes("bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
+                             *flags, local=local)
 
     figures = across()
     figures["ring"] = across("--ring")
