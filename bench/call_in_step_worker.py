@@ -10,7 +10,10 @@ callbacks or its optimizer wrapper); and, as a control, a chain of matrix produc
 the step (``chain``, its length agreed from rank 0's timing of the step) alone and with the
 same call after it (``chain+call``). Modes alternate within each round, in order in the first
 round and reversed in the next. Rank 0 prints one JSON line: ms per iteration of each mode,
-one figure per round.
+one figure per round, and under ``core_ms`` how its node's core spent each iteration of each
+mode (user, system, softirq and idle time from ``/proc/stat``, in ms; the node's ranks share
+that core): whether the ranks' waits in the exchange occupy it (Open MPI polls) or leave it
+idle (Gloo blocks).
 """
 
 from __future__ import annotations
@@ -46,13 +49,42 @@ def _arguments() -> argparse.Namespace:
     return args
 
 
-def _per_iteration(run: Callable[[], object], iterations: int) -> float:
-    """ms per iteration of ``run``, every rank starting together."""
+CORE_FIELDS = {"user": 0, "system": 2, "idle": 3, "softirq": 6}  # columns of /proc/stat
+
+
+def core_times(stat: str, cpus: set[int]) -> dict[str, float]:
+    """Seconds that ``cpus`` together spent user, system, idle and in softirq since boot, from
+    the text of ``/proc/stat``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(CORE_FIELDS, 0.0)
+    for line in stat.splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            for field, column in CORE_FIELDS.items():
+                totals[field] += int(values[column]) / tick
+    return totals
+
+
+def _node_core() -> dict[str, float]:
+    with open("/proc/stat", encoding="ascii") as stat:
+        return core_times(stat.read(), os.sched_getaffinity(0))
+
+
+def _per_iteration(run: Callable[[], object], iterations: int,
+                   core: dict[str, float] | None = None) -> float:
+    """ms per iteration of ``run``, every rank starting together; with ``core``, adds there
+    the ms per iteration that this rank's core spent in each of :data:`CORE_FIELDS`."""
     hvd.allreduce(tf.zeros(1), name="barrier").numpy()
+    before = _node_core()
     start = time.perf_counter()
     for _ in range(iterations):
         run()
-    return (time.perf_counter() - start) / iterations * 1e3
+    elapsed = time.perf_counter() - start
+    if core is not None:
+        after = _node_core()
+        core.update({field: round((after[field] - before[field]) / iterations * 1e3, 1)
+                     for field in CORE_FIELDS})
+    return elapsed / iterations * 1e3
 
 
 def main() -> None:
@@ -103,12 +135,15 @@ def main() -> None:
     runs["chain"] = lambda: chain(tf.constant(count)).numpy()
     runs["chain+call"] = lambda: (runs["chain"](), call())
     ms: dict[str, list[float]] = {mode: [] for mode in MODES}
+    core_ms: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     for round_ in range(args.rounds):
         for mode in in_round_order(MODES, round_):
-            ms[mode].append(round(_per_iteration(runs[mode], args.iterations), 2))
+            core: dict[str, float] = {}
+            ms[mode].append(round(_per_iteration(runs[mode], args.iterations, core), 2))
+            core_ms[mode].append(core)
     if hvd.rank() == 0:
         print(json.dumps({"ranks": hvd.size(), "nodes": hvd.cross_size(),
-                          "chain_products": count, "ms": ms}), flush=True)
+                          "chain_products": count, "ms": ms, "core_ms": core_ms}), flush=True)
     hvd.allreduce(tf.zeros(1), name="done").numpy()
 
 

@@ -195,22 +195,43 @@ def shape(gbit: float) -> None:
 
 
 def on_both_nodes(module: str, *flags: str, local: int = 1, cycle_ms: float = 0.5,
-                  timeout: float = 600) -> dict[str, Any]:
-    """``python -m module FLAGS`` under srun, ``local`` ranks on each of the two nodes, at
-    Horovod's cycle ``cycle_ms``: the JSON object rank 0 prints as the last line.
+                  timeout: float = 600, transport: str = "mpi") -> dict[str, Any]:
+    """``python -m module FLAGS``, ``local`` ranks on each of the two nodes, at Horovod's cycle
+    ``cycle_ms``: the JSON object rank 0 prints as the last line. ``transport="mpi"`` starts
+    the ranks with ``srun --mpi=pmix`` (Horovod over Open MPI, as the shaped-link runs);
+    ``"gloo"`` with ``horovodrun --gloo`` from the first node (Horovod over Gloo), as
+    tfscale's generated horovodrun job script does.
 
     Raises:
         RuntimeError: naming the module and flags, with the end of its output, when it fails.
     """
     env = {**os.environ, "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}"}
-    proc = subprocess.run([*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}",
-                           "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, "-m", module,
-                           *flags], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=env, check=False)
+    command = [sys.executable, "-m", module, *flags]
+    if transport == "gloo":
+        hosts = ",".join(f"{node}:{local}" for node in NODES)
+        launch = [*CLUSTER, "exec", "--on", NODES[0], "horovodrun", "--gloo",  # eth0: each
+                  "-np", str(len(NODES) * local), "-H", hosts,  # node's end of its link
+                  "--network-interface", "eth0"]
+    elif transport == "mpi":
+        launch = [*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}", "--mpi=pmix",
+                  "--kill-on-bad-exit=1"]
+    else:
+        raise ValueError(f"transport={transport!r}: expected 'mpi' or 'gloo'")
+    proc = subprocess.run([*launch, *command], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env, check=False)
     if proc.returncode:
-        raise RuntimeError(f"{module} {' '.join(flags)} failed:\n"
+        raise RuntimeError(f"{module} {' '.join(flags)} over {transport} failed:\n"
                            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return rank0_json(proc.stdout)
+
+
+def rank0_json(stdout: str) -> dict[str, Any]:
+    """The JSON object on rank 0's last line of ``stdout``: srun passes the ranks' lines as
+    they are, horovodrun prefixes each with ``[rank]<stdout>:``."""
+    prefix = "[0]<stdout>:"
+    lines = [line.removeprefix(prefix) for line in stdout.strip().splitlines()
+             if not line.startswith("[") or line.startswith(prefix)]
+    found: dict[str, Any] = json.loads(lines[-1])
     return found
 
 

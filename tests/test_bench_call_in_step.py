@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from bench.call_in_step import excesses
+from bench.call_in_step import core_rows, excesses
+from bench.shaped_links import rank0_json
 
 
 def test_a_pairs_excess_is_its_median_less_its_parts_medians() -> None:
@@ -14,3 +17,34 @@ def test_a_pairs_excess_is_its_median_less_its_parts_medians() -> None:
           "chain+call": [129.0, 131.0, 400.0]}
     assert excesses(ms) == pytest.approx({"step+call": 155.0 - 110.0 - 19.0,
                                           "chain+call": 131.0 - 110.0 - 20.0})
+
+
+def test_core_times_sums_the_ranks_cores_columns_from_proc_stat() -> None:
+    """user, system, idle and softirq of the named CPUs only, in seconds (USER_HZ ticks)."""
+    from bench.call_in_step_worker import core_times
+
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = ("cpu  900 0 900 900 0 0 900 0 0 0\n"
+            f"cpu0 {tick} 7 {2 * tick} {3 * tick} 5 6 {4 * tick} 8 0 0\n"
+            "cpu1 999 0 999 999 0 0 999 0 0 0\n"
+            "intr 12345\n")
+    assert core_times(stat, {0}) == pytest.approx(
+        {"user": 1.0, "system": 2.0, "idle": 3.0, "softirq": 4.0})
+    assert core_times(stat, {5}) == dict.fromkeys(("user", "system", "idle", "softirq"), 0.0)
+
+
+def test_core_rows_take_each_fields_median_and_the_busy_share() -> None:
+    rows = core_rows({"call": [{"user": 30.0, "system": 70.0, "softirq": 3.0, "idle": 1.0},
+                               {"user": 32.0, "system": 80.0, "softirq": 3.0, "idle": 500.0},
+                               {"user": 31.0, "system": 75.0, "softirq": 4.0, "idle": 2.0}]})
+    assert rows == [{"mode": "call", "user": 31.0, "system": 75.0, "softirq": 3.0,
+                     "idle": 2.0, "busy": "98%"}]
+
+
+@pytest.mark.parametrize("stdout", [
+    # srun: the ranks' lines as they are, rank 0's JSON last
+    'starting\n{"ms": {"call": [1.0]}}\n',
+    # horovodrun: every line prefixed with its rank; other ranks may print after rank 0
+    '[1]<stdout>:starting\n[0]<stdout>:{"ms": {"call": [1.0]}}\n[1]<stdout>:done\n'])
+def test_rank0_json_reads_rank_0s_last_line_under_either_launcher(stdout: str) -> None:
+    assert rank0_json(stdout) == {"ms": {"call": [1.0]}}
