@@ -30,7 +30,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench.common import in_round_order  # noqa: E402
+from bench.common import CORE_FIELDS, core_times, in_round_order  # noqa: E402
 from models.small import mlp  # noqa: E402
 
 MODES = ("call", "step", "step+call", "chain", "chain+call")
@@ -47,22 +47,6 @@ def _arguments() -> argparse.Namespace:
         parser.error(f"--iterations={args.iterations} --rounds={args.rounds}: expected "
                      "whole numbers >= 1")
     return args
-
-
-CORE_FIELDS = {"user": 0, "system": 2, "idle": 3, "softirq": 6}  # columns of /proc/stat
-
-
-def core_times(stat: str, cpus: set[int]) -> dict[str, float]:
-    """Seconds that ``cpus`` together spent user, system, idle and in softirq since boot, from
-    the text of ``/proc/stat``."""
-    tick = os.sysconf("SC_CLK_TCK")
-    totals = dict.fromkeys(CORE_FIELDS, 0.0)
-    for line in stat.splitlines():
-        name, *values = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-            for field, column in CORE_FIELDS.items():
-                totals[field] += int(values[column]) / tick
-    return totals
 
 
 def _node_core() -> dict[str, float]:

@@ -171,3 +171,19 @@ def print_saved_report(parser: argparse.ArgumentParser, paths: Sequence[Path], n
         print(report(pool_rounds([json.loads(path.read_text()) for path in paths], same)))
     except ValueError as error:
         parser.error(f"--report: {error}")
+
+
+CORE_FIELDS = {"user": 0, "system": 2, "idle": 3, "softirq": 6}  # columns of /proc/stat
+
+
+def core_times(stat: str, cpus: set[int]) -> dict[str, float]:
+    """Seconds that ``cpus`` together spent user, system, idle and in softirq since boot, from
+    the text of ``/proc/stat``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(CORE_FIELDS, 0.0)
+    for line in stat.splitlines():
+        name, *values = line.split() or [""]
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            for field, column in CORE_FIELDS.items():
+                totals[field] += int(values[column]) / tick
+    return totals

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from bench.call_in_step import core_rows, excesses
+from bench.common import core_times
 from bench.shaped_links import rank0_json
 
 
@@ -21,8 +22,6 @@ def test_a_pairs_excess_is_its_median_less_its_parts_medians() -> None:
 
 def test_core_times_sums_the_ranks_cores_columns_from_proc_stat() -> None:
     """user, system, idle and softirq of the named CPUs only, in seconds (USER_HZ ticks)."""
-    from bench.call_in_step_worker import core_times
-
     tick = os.sysconf("SC_CLK_TCK")
     stat = ("cpu  900 0 900 900 0 0 900 0 0 0\n"
             f"cpu0 {tick} 7 {2 * tick} {3 * tick} 5 6 {4 * tick} 8 0 0\n"
