@@ -65,6 +65,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -101,6 +102,8 @@ class Layout:
     strategy: str = "horovod"
     flags: tuple[str, ...] = ()
     algorithm: str = "flat"  # the forecast's name for its exchange
+    #: Horovod's transport: "mpi" (srun, Open MPI) or "gloo" (horovodrun --gloo, two nodes)
+    transport: str = "mpi"
 
     @property
     def fp16(self) -> bool:
@@ -133,6 +136,9 @@ ONE_NODE = (Layout("1x1", 1, 1),
 ACROSS = (
     Layout("2x1", 2, 1),
     Layout("2x2 flat", 2, 2, flags=("--node_exchange=collectives",)),
+    # The same run over Gloo, whose waits block where Open MPI's poll on the shared cores
+    # (docs/FORECAST.md, "Open MPI's polling, not the step"); charged Gloo's own call.
+    Layout("2x2 flat gloo", 2, 2, flags=("--node_exchange=collectives",), transport="gloo"),
     Layout("2x2 flat fp16", 2, 2, flags=("--node_exchange=collectives", "--fp16_allreduce")),
     Layout("2x2 hierarchical", 2, 2, flags=("--node_exchange=shared_memory",),
            algorithm="hierarchical"),
@@ -194,45 +200,60 @@ def shape(gbit: float) -> None:
                             "20ms"], check=True)
 
 
+def launcher(transport: str, local: int, where: tuple[str, ...] = ("-N2",),
+             mpi: bool = True) -> list[str]:
+    """The command that starts ``local`` ranks on each node named by srun's ``where``:
+    ``transport="mpi"`` srun (``mpi``: with ``--mpi=pmix``, Horovod over Open MPI);
+    ``"gloo"`` ``horovodrun --gloo`` from the first node on both (Horovod over Gloo), as
+    tfscale's generated horovodrun job script does."""
+    if transport == "gloo":
+        if where != ("-N2",):
+            raise ValueError(f"transport='gloo' starts ranks on both nodes, not {where}")
+        hosts = ",".join(f"{node}:{local}" for node in NODES)
+        return [*CLUSTER, "exec", "--on", NODES[0], "horovodrun", "--gloo",
+                "-np", str(len(NODES) * local), "-H", hosts,
+                "--network-interface", "eth0"]  # each node's end of its link
+    if transport == "mpi":
+        return [*CLUSTER, "exec", "srun", *where, f"--ntasks-per-node={local}",
+                *(["--mpi=pmix"] if mpi else []), "--kill-on-bad-exit=1"]
+    raise ValueError(f"transport={transport!r}: expected 'mpi' or 'gloo'")
+
+
 def on_both_nodes(module: str, *flags: str, local: int = 1, cycle_ms: float = 0.5,
                   timeout: float = 600, transport: str = "mpi") -> dict[str, Any]:
-    """``python -m module FLAGS``, ``local`` ranks on each of the two nodes, at Horovod's cycle
-    ``cycle_ms``: the JSON object rank 0 prints as the last line. ``transport="mpi"`` starts
-    the ranks with ``srun --mpi=pmix`` (Horovod over Open MPI, as the shaped-link runs);
-    ``"gloo"`` with ``horovodrun --gloo`` from the first node (Horovod over Gloo), as
-    tfscale's generated horovodrun job script does.
+    """``python -m module FLAGS``, ``local`` ranks on each of the two nodes, started by
+    :func:`launcher` for ``transport``, at Horovod's cycle ``cycle_ms``: the JSON object rank 0
+    prints as the last line.
 
     Raises:
         RuntimeError: naming the module and flags, with the end of its output, when it fails.
     """
     env = {**os.environ, "HOROVOD_CYCLE_TIME": f"{cycle_ms:g}"}
-    command = [sys.executable, "-m", module, *flags]
-    if transport == "gloo":
-        hosts = ",".join(f"{node}:{local}" for node in NODES)
-        launch = [*CLUSTER, "exec", "--on", NODES[0], "horovodrun", "--gloo",  # eth0: each
-                  "-np", str(len(NODES) * local), "-H", hosts,  # node's end of its link
-                  "--network-interface", "eth0"]
-    elif transport == "mpi":
-        launch = [*CLUSTER, "exec", "srun", "-N2", f"--ntasks-per-node={local}", "--mpi=pmix",
-                  "--kill-on-bad-exit=1"]
-    else:
-        raise ValueError(f"transport={transport!r}: expected 'mpi' or 'gloo'")
-    proc = subprocess.run([*launch, *command], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env, check=False)
+    proc = subprocess.run([*launcher(transport, local), sys.executable, "-m", module, *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
     if proc.returncode:
         raise RuntimeError(f"{module} {' '.join(flags)} over {transport} failed:\n"
                            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return rank0_json(proc.stdout)
-
-
-def rank0_json(stdout: str) -> dict[str, Any]:
-    """The JSON object on rank 0's last line of ``stdout``: srun passes the ranks' lines as
-    they are, horovodrun prefixes each with ``[rank]<stdout>:``."""
-    prefix = "[0]<stdout>:"
-    lines = [line.removeprefix(prefix) for line in stdout.strip().splitlines()
-             if not line.startswith("[") or line.startswith(prefix)]
-    found: dict[str, Any] = json.loads(lines[-1])
+    found: dict[str, Any] = json.loads(rank0_text(proc.stdout).strip().splitlines()[-1])
     return found
+
+
+_RANK_PREFIX = re.compile(r"\[(\d+)\]<stdout>:")
+
+
+def rank0_text(stdout: str) -> str:
+    """Rank 0's lines of a launcher's ``stdout``: horovodrun prefixes every rank's lines with
+    ``[rank]<stdout>:``, which this strips from rank 0's and drops with the others'; srun
+    passes the ranks' lines as they are, which stay."""
+    lines = []
+    for line in stdout.splitlines():
+        prefix = _RANK_PREFIX.match(line)
+        if prefix is None:
+            lines.append(line)
+        elif prefix.group(1) == "0":
+            lines.append(line[prefix.end():])
+    return "\n".join(lines)
 
 
 def link_figures() -> dict[str, Any]:
@@ -268,6 +289,15 @@ def link_figures() -> dict[str, Any]:
     finally:
         server.wait(timeout=60)
     return figures
+
+
+def gloo_call_figures() -> dict[str, Any]:
+    """The flat runs' grouped call over Gloo (``horovodrun --gloo``), two ranks on each node's
+    core, as :func:`link_figures` times it over Open MPI (``"flat_grouped"``): what a
+    ``2x2 flat gloo`` run is charged (link rows' ``"flat_grouped_gloo"``, sets from
+    2026-12-05 night on)."""
+    return on_both_nodes("bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
+                         f"--grouped={GROUPED_TENSORS}", local=2, transport="gloo")
 
 
 def in_node_figures(*flags: str) -> dict[str, Any]:
@@ -360,7 +390,10 @@ def run_figures(model: str, layout: Layout) -> dict[str, Any]:
     # Raw TCP's is the machine's host figure whatever the strategy; gRPC's is timed above.
     node["idle_ns_per_byte"] = idle_figures(
         IDLE_BYTES, ("tcp",) if transport in ("tcp", "grpc") else ("tcp", transport))
-    return {"link": link_figures(), "node": node}
+    link = link_figures()
+    if layout.transport == "gloo":
+        link["flat_grouped_gloo"] = gloo_call_figures()
+    return {"link": link, "node": node}
 
 
 def steady_rate(stdout: str) -> float | None:
@@ -381,9 +414,9 @@ def steady_rate(stdout: str) -> float | None:
 
 def _train_command(model: str, layout: Layout, where: list[str], model_dir: Path,
                    timeline: bool = False) -> list[str]:
-    mpi = ["--mpi=pmix"] if layout.strategy != "multiworker" else []
-    return [*CLUSTER, "exec", "srun", *where, f"--ntasks-per-node={layout.local}", *mpi,
-            "--kill-on-bad-exit=1", sys.executable, "-m", "tfscale.train", *MODELS[model],
+    start = launcher(layout.transport, layout.local, tuple(where),
+                     mpi=layout.strategy != "multiworker")
+    return [*start, sys.executable, "-m", "tfscale.train", *MODELS[model],
             f"--strategy={layout.strategy}", *layout.flags, "--learning_rate=0.01",
             "--tensorboard=false", f"--model_dir={model_dir}",
             *(["--horovod_timeline"] if timeline else [])]
@@ -426,7 +459,7 @@ def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
         found = [json.loads((Path(tmp) / f"run{i}" / "results.json").read_text())
                  for i in range(len(procs))]
         results: dict[str, Any] = found[0]
-        results["steady_images_per_sec"] = steady_rate(outputs[0][0])
+        results["steady_images_per_sec"] = steady_rate(rank0_text(outputs[0][0]))
         if len(found) > 1:
             results["neighbour_images_per_sec"] = (steady_rate(outputs[1][0])
                                                    or found[1]["images_per_sec"])
@@ -497,6 +530,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
+            if any(layout.transport == "gloo" for layout in layouts):
+                link_rows[-1]["flat_grouped_gloo"] = gloo_call_figures()
             timed = link_rows[-1]
             best = {name: max(s["busbw_GBps"] for s in timed[name]["sizes"])
                     for name in ("ring", "grouped", "flat", "flat_grouped")}

@@ -192,6 +192,8 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # 2026-12-05 on), at the run's message size: what its flat runs are charged (grouped, as
     # above, where the round has that).
     call = across.get("flat_grouped", across.get("flat")) if grouped else across.get("flat")
+    if layout.transport == "gloo":  # a run over Gloo is charged Gloo's call, where timed
+        call = across.get("flat_grouped_gloo")
     flat = {(2, 2): _size_row(call, message)["busbw_GBps"]} if call else {}
     machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
                                   ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9,
@@ -294,6 +296,10 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
         if flat_grouped:
             link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod's grouped call over 2x2 ranks "
                                    "(flat runs' call: fusion-buffer copies)", flat_grouped, gbit))
+        gloo = [f["flat_grouped_gloo"] for f in found if "flat_grouped_gloo" in f]
+        if gloo:
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, the same over Gloo (horovodrun; flat gloo "
+                                   "runs' call)", gloo, gbit))
     inside = [links[r][0.0]["in_node"] for r in links if 0.0 in links[r]]
     if inside:
         link_rows.append(busbw("inside a node (shared memory, 2 ranks on 1 core)", inside))

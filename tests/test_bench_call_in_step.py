@@ -8,7 +8,7 @@ import pytest
 
 from bench.call_in_step import core_rows, excesses
 from bench.common import core_times
-from bench.shaped_links import rank0_json
+from bench.shaped_links import launcher, rank0_text
 
 
 def test_a_pairs_excess_is_its_median_less_its_parts_medians() -> None:
@@ -45,5 +45,20 @@ def test_core_rows_take_each_fields_median_and_the_busy_share() -> None:
     'starting\n{"ms": {"call": [1.0]}}\n',
     # horovodrun: every line prefixed with its rank; other ranks may print after rank 0
     '[1]<stdout>:starting\n[0]<stdout>:{"ms": {"call": [1.0]}}\n[1]<stdout>:done\n'])
-def test_rank0_json_reads_rank_0s_last_line_under_either_launcher(stdout: str) -> None:
-    assert rank0_json(stdout) == {"ms": {"call": [1.0]}}
+def test_rank0_text_keeps_rank_0s_lines_under_either_launcher(stdout: str) -> None:
+    assert rank0_text(stdout).splitlines()[-1] == '{"ms": {"call": [1.0]}}'
+
+
+def test_launcher_starts_gloo_ranks_with_horovodrun_from_the_first_node() -> None:
+    gloo = launcher("gloo", 2)
+    assert gloo[gloo.index("horovodrun"):] == [
+        "horovodrun", "--gloo", "-np", "4", "-H", "node1:2,node2:2", "--network-interface",
+        "eth0"]
+    assert gloo[gloo.index("exec"):gloo.index("horovodrun")] == ["exec", "--on", "node1"]
+    srun = launcher("mpi", 1, ("-N1", "-w", "node2"), mpi=False)
+    assert srun[srun.index("srun"):] == ["srun", "-N1", "-w", "node2", "--ntasks-per-node=1",
+                                         "--kill-on-bad-exit=1"]
+    with pytest.raises(ValueError, match="both nodes"):
+        launcher("gloo", 2, ("-N1", "-w", "node1"))
+    with pytest.raises(ValueError, match="'mpi' or 'gloo'"):
+        launcher("nccl", 2)

@@ -962,6 +962,37 @@ def test_horovods_own_fusion_runs_are_charged_the_grouped_call_their_round_timed
     assert sum("Horovod over 2x2 ranks (one tensor;" in line for line in lines) == 2
 
 
+def test_a_flat_run_over_gloo_is_charged_glooss_call_not_open_mpis(tmp_path: Path) -> None:
+    """Sets with the "2x2 flat gloo" layout also time the flat runs' grouped call over Gloo
+    (horovodrun); that run is charged it, the Open MPI flat run keeps Open MPI's, and the
+    report lists it beside the others."""
+    from bench.shaped_links import ACROSS
+    from bench.shaped_links_report import _links_by_round, machine_for, plan_for
+    from tfscale.forecast.predict import forecast as forecast_rows
+
+    kept = "shaped_links_2026-12-05_xeon_grouped_10s.json"
+    result = json.loads((ROOT / "docs" / "forecast" / kept).read_text())
+    for row in result["links"]:
+        if row["gbit"]:  # Gloo's call at half Open MPI's bus bandwidth
+            row["flat_grouped_gloo"] = {"tensors": 8, "sizes": [
+                {**size, "busbw_GBps": size["busbw_GBps"] / 2}
+                for size in row["flat_grouped"]["sizes"]]}
+    layouts = {layout.name: layout for layout in ACROSS}
+    links = _links_by_round(result)[0]
+
+    def step_ms(name: str) -> float:
+        machine = machine_for(25.0, "mlp", layouts[name], 6000.0, links, 64)
+        row = forecast_rows(plan_for(machine, "mlp", layouts[name], 64), [2])[0]
+        return 1e3 * 128 * layouts[name].local / row.images_per_sec
+
+    flat = machine_for(25.0, "mlp", layouts["2x2 flat"], 6000.0, links, 64).flat_call_GBps
+    gloo = machine_for(25.0, "mlp", layouts["2x2 flat gloo"], 6000.0, links, 64).flat_call_GBps
+    assert gloo[(2, 2)] == pytest.approx(flat[(2, 2)] / 2)
+    assert step_ms("2x2 flat gloo") > step_ms("2x2 flat") + 5
+    (tmp_path / kept).write_text(json.dumps(result))
+    assert sum("the same over Gloo (horovodrun" in line for line in _report(tmp_path / kept)) == 2
+
+
 def test_shaped_link_report_states_how_far_each_runs_rounds_spread() -> None:
     """With several rounds the report says how far the same run's efficiency moved between
     rounds (each round against its own baseline): on the kept three-round Zen 4 set, 8 of 48
@@ -1027,7 +1058,7 @@ def test_shaped_link_report_sets_horovods_timeline_per_step_beside_the_forecast(
     assert expected.images_per_sec == pytest.approx(2 * 2 * 64 / expected.step_ms * 1e3)
     assert {layout.name for layout in (*ONE_NODE, *ACROSS) if layout.has_timeline} == {
         "2x1", "2x2 flat", "2x2 flat fp16", "2x2 hierarchical", "2x2 hierarchical fp16",
-        "2x2 ddl"}
+        "2x2 ddl", "2x2 flat gloo"}
     assert [timeline_kind(name) for name in (
         "NEGOTIATE_REDUCESCATTER", "REDUCESCATTER", "GLOO_ALLGATHER", "MPI_ALLREDUCE",
         "MEMCPY_OUT_FUSION_BUFFER", "ALLOCATE_OUTPUT")] == [
@@ -1224,8 +1255,9 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
             return value(*args) if callable(value) else value
         return fake
 
-    monkeypatch.setattr(shaped_links, "link_figures", timing("link", {"sizes": []}))
+    monkeypatch.setattr(shaped_links, "link_figures", timing("link", lambda: {"sizes": []}))
     monkeypatch.setattr(shaped_links, "in_node_figures", timing("in_node", {"sizes": []}))
+    monkeypatch.setattr(shaped_links, "gloo_call_figures", timing("gloo_call", {"sizes": []}))
     monkeypatch.setattr(shaped_links, "cast_figures",
                         timing("cast", lambda m: dict.fromkeys(m, 0.1)))
     monkeypatch.setattr(shaped_links, "grpc_ring_figures",
@@ -1238,6 +1270,8 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
         "2x2 flat fp16": ["in_node('--horovod',)", "cast(('mlp',),)",
                           "idle(16777216, ('tcp',))", "link()"],
         "2x2 ddl": ["in_node()", "idle(16777216, ('tcp',))", "link()"],
+        "2x2 flat gloo": ["in_node('--horovod',)", "idle(16777216, ('tcp',))", "link()",
+                          "gloo_call()"],
         "2x2 multiworker flat": ["grpc(('mlp',),)", "idle(16777216, ('tcp',))", "link()"],
         "2x2 multiworker hierarchical": ["in_node()", "idle(16777216, ('tcp', 'ring'))",
                                          "link()"],
@@ -1247,6 +1281,7 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
         figures = shaped_links.run_figures("mlp", layouts[name])
         assert timed == calls, name
         assert set(figures) == {"link", "node"}
+        assert ("flat_grouped_gloo" in figures["link"]) == (name == "2x2 flat gloo")
     assert figures["node"]["idle_ns_per_byte"] == {"tcp": 1.0, "ring": 1.0}
 
 
