@@ -7,11 +7,13 @@ For each link speed, in alternating rounds:
   nccl-tests' definition), the same over the 2x2 flat layout's four ranks (since 2026-12-05:
   charged to the flat runs, whose call it is), both also as Horovod's grouped call of several
   tensors (since 2026-12-05 evening: charged to the 2x1 and 2x2 flat runs, which hand Horovod
-  their gradient list and pay its fusion-buffer copies) and the link's latency (TCP ping-pong);
+  their gradient list and pay its fusion-buffer copies), with a ``2x2 flat gloo`` run in the set
+  the flat grouped call over Gloo too (charged to it), and the link's latency (TCP ping-pong);
 - ``mlp`` and ``resnet50`` (64 px) weak scaling: 1x1 and 1x2 (one node, no link), 2x1, and
   2x2 flat (one Horovod all-reduce over the 4 ranks, ``--node_exchange=collectives``), 2x2
   hierarchical (shared memory inside each node, Horovod across; with ``--strategy=horovod``
-  and ``--strategy=ddl``), horovod's flat and hierarchical also with ``--fp16_allreduce``, and
+  and ``--strategy=ddl``), horovod's flat and hierarchical also with ``--fp16_allreduce``,
+  horovod's flat also over Gloo (``2x2 flat gloo``: ``horovodrun --gloo`` instead of srun), and
   ``--strategy=multiworker`` flat (TensorFlow's gRPC ring) and hierarchical (shared memory
   inside each node, tfscale's TCP ring across; TensorFlow's gRPC collective before 95850aa).
 
