@@ -123,6 +123,16 @@ class Layout:
         return self.strategy == "horovod" and self.algorithm == "flat"
 
     @property
+    def flat_call(self) -> tuple[str, ...]:
+        """The link rows' timings of the call over the 2x2 ranks that this layout's runs are
+        charged, the first one a round has (older sets lack the grouped one): Gloo's own
+        (``"flat_grouped_gloo"``, :func:`gloo_call_figures`) over Gloo, else Horovod's grouped
+        call where the runs hand Horovod their gradient list, else the one-tensor call."""
+        if self.transport == "gloo":
+            return ("flat_grouped_gloo",)
+        return ("flat_grouped", "flat") if self.grouped_call else ("flat",)
+
+    @property
     def has_timeline(self) -> bool:
         """Whether ``--horovod_timeline`` applies: a Horovod exchange across nodes."""
         return self.uses_link and self.strategy in ("horovod", "ddl")

@@ -190,10 +190,8 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     cast_ns = links[0.0].get("cast_ns_per_byte", {}).get(model, 0.0)
     # Horovod's call over the 2x2 flat layout's ranks, where the round timed it (sets from
     # 2026-12-05 on), at the run's message size: what its flat runs are charged (grouped, as
-    # above, where the round has that).
-    call = across.get("flat_grouped", across.get("flat")) if grouped else across.get("flat")
-    if layout.transport == "gloo":  # a run over Gloo is charged Gloo's call, where timed
-        call = across.get("flat_grouped_gloo")
+    # above, where the round has that; over Gloo, Gloo's).
+    call = next((across[name] for name in layout.flat_call if name in across), None)
     flat = {(2, 2): _size_row(call, message)["busbw_GBps"]} if call else {}
     machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
                                   ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9,
