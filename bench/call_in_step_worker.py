@@ -4,7 +4,8 @@ Times, per iteration, on every rank at once: Horovod's grouped all-reduce of mlp
 alone (``call``: summed, back to back, as bench.shaped_links times it, here at the cycle the
 driver sets); a plain Keras training step of mlp alone (``step``: forward, backward and SGD with
 momentum in one ``tf.function``, no exchange); that step with the grouped all-reduce of its
-gradients inside it, averaged as tfscale's reduction does, before the update (``step+call``:
+gradients inside it, averaged as tfscale's reduction does (the sum of the gradients of a loss
+divided by the ranks), before the update (``step+call``:
 what a flat Horovod run of tfscale.train does in each step, without Keras' fit, tfscale's
 callbacks or its optimizer wrapper); and, as a control, a chain of matrix products as long as
 the step (``chain``, its length agreed from rank 0's timing of the step) alone and with the
@@ -86,9 +87,11 @@ def main() -> None:
         def step() -> tf.Tensor:
             with tf.GradientTape() as tape:
                 loss = loss_fn(labels, model(images, training=True))
+                if exchange:  # the mean as tfscale's reduction makes it
+                    loss = loss / hvd.size()
             grads = tape.gradient(loss, model.trainable_variables)
             if exchange:
-                grads = hvd.grouped_allreduce(grads, op=hvd.Average, name="step")
+                grads = hvd.grouped_allreduce(grads, op=hvd.Sum, name="step")
             optimizer.apply(grads, model.trainable_variables)
             return loss
 

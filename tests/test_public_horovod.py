@@ -122,9 +122,10 @@ def test_load_model_wraps_the_saved_optimizer_and_options_are_validated(tmp_path
 
 # --- under horovodrun -------------------------------------------------------------------------
 
-def _horovod(out: Path, *flags: str) -> list[dict[str, Any]]:
+def _horovod(out: Path, *flags: str, env: dict[str, str] | None = None
+             ) -> list[dict[str, Any]]:
     proc = run_process([horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", *WORKER,
-                        f"--out={out}", *flags], timeout=120)
+                        f"--out={out}", *flags], timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -158,13 +159,18 @@ def test_horovod_style_script_trains_identically_and_saves_plain_keras(
 
 @requires_horovod
 @pytest.mark.slow
+@pytest.mark.parametrize("exchange", ["shared_memory", "collectives"])
 def test_backward_passes_accumulate_locally_and_equal_one_step_on_all_data(
-        tmp_path: Path) -> None:
+        exchange: str, tmp_path: Path) -> None:
     passes = 2
-    logs = _horovod(tmp_path, "--mode=accumulate", f"--passes={passes}")
+    logs = _horovod(tmp_path, "--mode=accumulate", f"--passes={passes}",
+                    env={"TFSCALE_NODE_EXCHANGE": exchange})
     weights = [load_weights(tmp_path / f"rank{r}.npz") for r in range(2)]
     assert max_abs_diff(weights[0], weights[1]) == 0.0
     assert [log["iterations"] for log in logs] == [passes, passes]
+    # Over Horovod, the mean is its sum of gradients from losses divided by the workers.
+    assert [log["horovod_ops"] for log in logs] == [
+        [] if exchange == "shared_memory" else ["Sum"]] * 2
     # One plain SGD step on all passes x workers x batch examples, from rank 0's start.
     x, y = accumulation_data(passes, 2)
     model = dense_model()

@@ -62,6 +62,7 @@ class Counts:
                        for name in ("forward_passes", "largest_forward_batch", "allreduces",
                              "sharded")}
         self.divisors: set[int] = set()
+        self.horovod_ops: set[str] = set()  # the ops of Horovod's grouped all-reduces, traced
 
     def count_forward(self, model: keras.Model) -> None:
         call = model.call
@@ -129,6 +130,9 @@ class Counts:
 
         def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
             self.values["allreduces"].assign_add(1)
+            op = kwargs.get("op")
+            self.horovod_ops.add("Sum" if op == hvd.Sum else "Average" if op == hvd.Average
+                                 else repr(op))
             return grouped(*args, **kwargs)
 
         hvd.grouped_allreduce = counted
@@ -141,6 +145,7 @@ class Counts:
         # The shared-memory exchange's divisors: [1] where the step sums (the mean then comes
         # from a divided loss), [workers] where the exchange divides.
         counts["exchange_divisors"] = sorted(self.divisors)
+        counts["horovod_ops"] = sorted(self.horovod_ops)
         return counts
 
 

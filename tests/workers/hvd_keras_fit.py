@@ -6,8 +6,9 @@ the model declares no input shape (Keras builds it in the first step) and each w
 itself differently, so identical final weights prove the broadcast and the all-reduce. The
 chief keeps the best model and saves the final one. ``--mode=accumulate``: one optimizer step
 of plain SGD from ``--passes`` backward passes per worker, on fixed data, for comparison with
-one step on all the data at once. Each worker writes ``OUT/rank<R>.npz`` (trainable weights)
-and ``OUT/rank<R>.json`` (history, iterations).
+one step on all the data at once (with ``TFSCALE_NODE_EXCHANGE=collectives``, Horovod carries
+the gradients). Each worker writes ``OUT/rank<R>.npz`` (trainable weights) and
+``OUT/rank<R>.json`` (history, iterations, the ops of Horovod's grouped all-reduces).
 
     horovodrun --gloo -np 2 python -m tests.workers.hvd_keras_fit --out DIR
 """
@@ -82,6 +83,21 @@ def train(out: Path, loss_scale: bool, epochs: int) -> keras.callbacks.History:
     return history
 
 
+def record_ops(ops: set[str]) -> None:
+    """Adds to ``ops`` the op of each of Horovod's grouped all-reduces as it is traced."""
+    import horovod.tensorflow as horovod
+
+    grouped = horovod.grouped_allreduce
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        op = kwargs.get("op")
+        ops.add("Sum" if op == horovod.Sum else "Average" if op == horovod.Average
+                else repr(op))
+        return grouped(*args, **kwargs)
+
+    horovod.grouped_allreduce = recorded
+
+
 def accumulate(out: Path, passes: int) -> keras.callbacks.History:
     x, y = accumulation_data(passes, hvd.size())
     keras.utils.set_random_seed(hvd.rank())
@@ -109,6 +125,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     hvd.init()
+    ops: set[str] = set()
+    record_ops(ops)
     history = (train(out, args.loss_scale, args.epochs) if args.mode == "train"
                else accumulate(out, args.passes))
     model = history.model
@@ -116,6 +134,7 @@ def main() -> None:
     (out / f"rank{hvd.rank()}.json").write_text(json.dumps({
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "iterations": int(model.optimizer.iterations.numpy()),
+        "horovod_ops": sorted(ops),  # of the gradients' all-reduces where Horovod carries them
         "allreduce": float(hvd.allreduce(np.float32(hvd.rank() + 1), op=hvd.Sum).numpy()),
         "allgather": hvd.allgather(np.array([hvd.rank()])).numpy().tolist(),
         "broadcast": float(hvd.broadcast(np.float32(hvd.rank() + 5), root_rank=1).numpy()),

@@ -4,9 +4,10 @@ Horovod's own Keras layer does not support Keras 3; the strategy uses tfscale's 
 (:mod:`tfscale.exchange`, the same code users' scripts reach through :mod:`tfscale.horovod`):
 
 - gradients are averaged by one ``grouped_allreduce`` (Horovod fuses the group into few
-  buffers: tensor fusion) inside the optimizer's ``apply``, which Keras 3 traces into the
-  training function (:func:`tfscale.exchange.optimizer.horovod_allreduce`); when every rank runs on
-  one CPU-only x86-64 node, through a shared-memory segment instead (``--node_exchange``,
+  buffers: tensor fusion; it sums the gradients of a loss divided by the workers) inside the
+  optimizer's ``apply``, which Keras 3 traces into the training function
+  (:func:`tfscale.exchange.optimizer.horovod_allreduce`); when every rank runs on one CPU-only
+  x86-64 node, through a shared-memory segment instead (``--node_exchange``,
   :mod:`tfscale.exchange.shared_memory`): Gloo carries a node's exchange over loopback TCP,
   four times slower for an ``mlp``'s 7.4 MB (bench/RESULTS.md);
 - initial weights and optimizer state are broadcast from rank 0;
@@ -305,9 +306,17 @@ class HorovodStrategy(Strategy):
                                            shard_update=shard)
         hvd = self.comm.hvd
         # Horovod's transport, as gradient_reduction chose (not the users' node exchange).
+        fp16 = FP16_ALLREDUCE.of(self.config)
         reduce = horovod_allreduce(hvd, compression=hvd.Compression.fp16
-                                   if FP16_ALLREDUCE.of(self.config) else hvd.Compression.none)
-        return with_gradient_reduction(optimizer, reduce, gradient_lag=self.config.gradient_lag)
+                                   if fp16 else hvd.Compression.none)
+        # The mean as Horovod's sum of gradients from a loss divided by the workers, as above:
+        # Horovod's Average scales the summed buffer in its background thread, between the
+        # exchange and the update; where two ranks share a core behind a slow link that cost
+        # 8% of mlp's step (docs/FORECAST.md, "Horovod's Average"). Not under fp16: dividing
+        # before the cast would push small gradients below float16's range.
+        summed = None if fp16 else horovod_allreduce(hvd, op=hvd.Sum)
+        return with_gradient_reduction(optimizer, reduce, gradient_lag=self.config.gradient_lag,
+                                       summed=summed, workers=self.size)
 
     def describe(self) -> str:
         return f"{super().describe()}; gradients {self.exchange()}"
