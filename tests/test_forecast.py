@@ -869,6 +869,9 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # ... and on a Xeon with AVX512-FP16: horovod's three layouts at 1 and 25 Gbit/s.
     ("shaped_links_2026-12-05_xeon_fp16.json", (), "11 of 12",
      "+17.1% (mlp, 25 Gbit/s, 2x2 flat)"),
+    # ... and its 2x1 and flat layouts once Horovod sums the gradients of a divided loss.
+    ("shaped_links_2026-12-06_xeon_summed.json", (), "12 of 12",
+     "-9.8% (resnet50, 1 Gbit/s, 2x1)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:

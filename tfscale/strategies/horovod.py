@@ -312,8 +312,8 @@ class HorovodStrategy(Strategy):
         # The mean as Horovod's sum of gradients from a loss divided by the workers, as above:
         # Horovod's Average scales the summed buffer in its background thread, between the
         # exchange and the update; where two ranks share a core behind a slow link that cost
-        # 8% of mlp's step (docs/FORECAST.md, "Horovod's Average"). Not under fp16: dividing
-        # before the cast would push small gradients below float16's range.
+        # mlp's flat run 5% of its images/s (docs/FORECAST.md, "Horovod's Average"). Not under
+        # fp16: dividing before the cast would push small gradients below float16's range.
         summed = None if fp16 else horovod_allreduce(hvd, op=hvd.Sum)
         return with_gradient_reduction(optimizer, reduce, gradient_lag=self.config.gradient_lag,
                                        summed=summed, workers=self.size)
