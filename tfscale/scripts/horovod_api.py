@@ -21,6 +21,7 @@ from tfscale.exchange import setup as exchange
 from tfscale.exchange.horovod_runtime import HorovodCollectives, import_horovod
 from tfscale.exchange.optimizer import (
     horovod_allreduce,
+    horovod_summed,
     process_set_size,
     with_gradient_reduction,
 )
@@ -246,15 +247,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so scripts keep their 
     op = hvd.Average if op is None else op
     shared = _shared_reduction(hvd, compression, process_set) if node_exchange else None
     if shared is None:
-        # Horovod carries them. A mean in float32 as Horovod's sum of gradients from a loss
-        # divided by the workers, as below: Horovod's Average scales the summed buffer in its
-        # background thread, between the exchange and the update (docs/FORECAST.md,
-        # "Horovod's Average"). Not under compression (float16 would lose the small gradients
-        # that the division pushes below its range) nor with a predivide factor.
-        plain = compression in (None, hvd.Compression.none)
-        summed = (horovod_allreduce(hvd, hvd.Sum, compression, sparse_as_dense,
-                                    process_set=process_set)
-                  if op == hvd.Average and plain and gradient_predivide_factor == 1.0 else None)
+        # Horovod carries them; a mean as Horovod's sum of a divided loss's gradients, as below.
+        summed = horovod_summed(hvd, op, compression, sparse_as_dense, gradient_predivide_factor,
+                                process_set)
         return with_gradient_reduction(optimizer, reduce, backward_passes_per_step,
                                        average_aggregated_gradients, gradient_lag,
                                        summed=summed,

@@ -31,7 +31,11 @@ from tfscale.exchange import sharded_update
 from tfscale.exchange.hierarchical import HierarchicalAllReduce
 from tfscale.exchange.horovod_runtime import HorovodCollectives, check_installed, start_horovod
 from tfscale.exchange.horovod_timeline import TIMELINE_FILE
-from tfscale.exchange.optimizer import horovod_allreduce, with_gradient_reduction
+from tfscale.exchange.optimizer import (
+    horovod_allreduce,
+    horovod_summed,
+    with_gradient_reduction,
+)
 from tfscale.exchange.placement import NODE_EXCHANGE
 from tfscale.exchange.setup import (
     CPU_CYCLE_TIME_MS,
@@ -306,17 +310,14 @@ class HorovodStrategy(Strategy):
                                            shard_update=shard)
         hvd = self.comm.hvd
         # Horovod's transport, as gradient_reduction chose (not the users' node exchange).
-        fp16 = FP16_ALLREDUCE.of(self.config)
-        reduce = horovod_allreduce(hvd, compression=hvd.Compression.fp16
-                                   if fp16 else hvd.Compression.none)
-        # The mean as Horovod's sum of gradients from a loss divided by the workers, as above:
-        # Horovod's Average scales the summed buffer in its background thread, between the
-        # exchange and the update; where two ranks share a core behind a slow link that cost
-        # mlp's flat run 5% of its images/s (docs/FORECAST.md, "Horovod's Average"). Not under
-        # fp16: dividing before the cast would push small gradients below float16's range.
-        summed = None if fp16 else horovod_allreduce(hvd, op=hvd.Sum)
-        return with_gradient_reduction(optimizer, reduce, gradient_lag=self.config.gradient_lag,
-                                       summed=summed, workers=self.size)
+        compression = (hvd.Compression.fp16 if FP16_ALLREDUCE.of(self.config)
+                       else hvd.Compression.none)
+        # The mean as Horovod's sum of gradients from a loss divided by the workers, as above
+        # (except under fp16).
+        return with_gradient_reduction(optimizer, horovod_allreduce(hvd, compression=compression),
+                                       gradient_lag=self.config.gradient_lag,
+                                       summed=horovod_summed(hvd, compression=compression),
+                                       workers=self.size)
 
     def describe(self) -> str:
         return f"{super().describe()}; gradients {self.exchange()}"
