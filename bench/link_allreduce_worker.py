@@ -6,9 +6,11 @@ tfscale's shared-memory node exchange instead (the in-node phase of the hierarch
 all-reduce), or, with ``--horovod``, Horovod's all-reduce there too (Open MPI's shared memory:
 the in-node hops of a flat ring over every rank). With ``--float16`` Horovod's all-reduces
 carry float16 (what ``--fp16_allreduce`` sends: half the bytes, but its sums are Horovod's own
-float16 reduction, not MPI's); sizes are then the float16 bytes. With ``--ring`` (one rank per
-node) it times tfscale's own ring across the nodes instead (multiworker's hierarchical cross
-phase: :mod:`tfscale.exchange.socket_ring`), Horovod only gathering its ports. With
+float16 reduction, not MPI's); sizes are then the float16 bytes. With ``--ring`` it times
+tfscale's own ring across the nodes instead (multiworker's hierarchical cross phase:
+:mod:`tfscale.exchange.socket_ring`), Horovod only gathering its ports: with L ranks on each
+node, L rings at once, one among the ranks of each local index, as that phase runs them, each
+ring's bus bandwidth over its own members (``"rings": L``). With
 ``--grouped=K`` (Horovod across nodes) each size is split into K tensors and reduced by one
 ``hvd.grouped_allreduce``: the call a run whose strategy hands Horovod its gradient list makes,
 with Horovod's copies into its fusion buffer and back, which one tensor does not make (MPI
@@ -92,9 +94,12 @@ def main() -> None:
         from tfscale.exchange.socket_ring import open_ring
 
         token = int(hvd.broadcast(tf.constant(np.random.randint(1, 2**31)), 0, name="token"))
-        ring = open_ring(hvd.rank(), list(range(n)), hvd.allgather_object(socket.gethostname()),
+        local_ranks = hvd.allgather_object(hvd.local_rank())
+        members = [r for r in range(n) if local_ranks[r] == hvd.local_rank()]
+        ring = open_ring(hvd.rank(), members, hvd.allgather_object(socket.gethostname()),
                          token, hvd.allgather_object, timeout_s=120.0)
         close = ring.close
+        n = len(members)  # each ring's bus bandwidth is over its own members
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
             return lambda: ring.all_reduce(values)
@@ -120,7 +125,8 @@ def main() -> None:
         rows.append({"bytes": nbytes, "seconds": per_call,
                      "busbw_GBps": nbytes / per_call * 2 * (n - 1) / n / 1e9})
     if hvd.rank() == 0:
-        print(json.dumps({"ranks": n, "nodes": hvd.cross_size(), "transport": transport,
+        print(json.dumps({"ranks": hvd.size(), "nodes": hvd.cross_size(),
+                          "rings": hvd.size() // n, "transport": transport,
                           "dtype": np.dtype(dtype).name, "tensors": grouped,
                           "small_message_us": rows[0]["seconds"] * 1e6, "sizes": rows[1:]}))
     sys.stdout.flush()

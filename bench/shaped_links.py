@@ -8,7 +8,9 @@ For each link speed, in alternating rounds:
   charged to the flat runs, whose call it is), both also as Horovod's grouped call of several
   tensors (since 2026-12-05 evening: charged to the 2x1 and 2x2 flat runs, which hand Horovod
   their gradient list and pay its fusion-buffer copies), with a ``2x2 flat gloo`` run in the set
-  the flat grouped call over Gloo too (charged to it), and the link's latency (TCP ping-pong);
+  the flat grouped call over Gloo too (charged to it), tfscale's ring alone and, since
+  2026-12-06, its rings one per local index at once (charged to multiworker's hierarchical
+  runs, whose phase across nodes they are), and the link's latency (TCP ping-pong);
 - ``mlp`` and ``resnet50`` (64 px) weak scaling: 1x1 and 1x2 (one node, no link), 2x1, and
   2x2 flat (one Horovod all-reduce over the 4 ranks, ``--node_exchange=collectives``), 2x2
   hierarchical (shared memory inside each node, Horovod across; with ``--strategy=horovod``
@@ -131,6 +133,15 @@ class Layout:
         if self.transport == "gloo":
             return ("flat_grouped_gloo",)
         return ("flat_grouped", "flat") if self.grouped_call else ("flat",)
+
+    @property
+    def cross_call(self) -> str:
+        """The link rows' timing that this layout's phase across nodes is charged instead of
+        Horovod's all-reduce with one rank per node, where the round has it: multiworker's
+        hierarchical runs cross on tfscale's rings, one per local index, all at once
+        (``"ring_pair"``, :func:`link_figures`); "" for the others."""
+        hierarchical = self.algorithm == "hierarchical" and self.local > 1
+        return "ring_pair" if self.strategy == "multiworker" and hierarchical else ""
 
     @property
     def has_timeline(self) -> bool:
@@ -279,13 +290,18 @@ def link_figures() -> dict[str, Any]:
     ``"flat_grouped"`` (sets from 2026-12-05 evening on) the same two shapes with each size in
     :data:`GROUPED_TENSORS` tensors, one ``hvd.grouped_allreduce``: the call Horovod's 2x1 and
     2x2 flat runs make, Horovod's fusion-buffer copies included (the hierarchical layouts hand
-    Horovod one buffer, the one-tensor call's)."""
+    Horovod one buffer, the one-tensor call's). Under ``"ring_pair"`` (sets from 2026-12-06 on)
+    tfscale's rings as multiworker's hierarchical runs cross: two ranks on each node's core,
+    one ring per local index, both at once; their runs are charged it (``Layout.cross_call``).
+    On the Zen 3 of 2026-12-06 at 25 Gbit/s, one ring alone moved 0.62-0.72 GB/s at 64 MiB and
+    two at once 0.72-0.83 together; at 1 Gbit/s one alone and two together both 0.115."""
     def across(*flags: str, local: int = 1) -> dict[str, Any]:
         return on_both_nodes("bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
                              *flags, local=local)
 
     figures = across()
     figures["ring"] = across("--ring")
+    figures["ring_pair"] = across("--ring", local=2)
     figures["flat"] = across(local=2)
     figures["grouped"] = across(f"--grouped={GROUPED_TENSORS}")
     figures["flat_grouped"] = across(f"--grouped={GROUPED_TENSORS}", local=2)
@@ -548,8 +564,13 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             best = {name: max(s["busbw_GBps"] for s in timed[name]["sizes"])
                     for name in ("ring", "grouped", "flat", "flat_grouped")}
             mpi = max(s["busbw_GBps"] for s in timed["sizes"])
+            pair, together = timed.get("ring_pair"), ""
+            if pair:  # both rings' bytes
+                both = max(s["busbw_GBps"] for s in pair["sizes"]) * pair.get("rings", 2)
+                together = f", two at once {both:.3f}"
             print(f"[round {round_}] {gbit:g} Gbit/s: busbw {mpi:.3f} GB/s, grouped "
-                  f"{best['grouped']:.3f} (tfscale's ring {best['ring']:.3f}; Horovod over 2x2 "
+                  f"{best['grouped']:.3f} (tfscale's ring {best['ring']:.3f}{together}; "
+                  f"Horovod over 2x2 "
                   f"ranks {best['flat']:.3f}, grouped {best['flat_grouped']:.3f}), "
                   f"latency {timed['pingpong']['latency_us']:.0f} us", flush=True)
         for gbit, model, layout in in_round_order(

@@ -162,8 +162,10 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
                 links: dict[float, dict[str, Any]], batch_size: int,
                 host_ns: Mapping[str, float] | None = None) -> Any:
     """The preset ``minicluster_<gbit>gbit`` calibrated with one round's measurements: the
-    links' bus bandwidth at the message size nearest to the run's. ``host_ns``: a host time
-    per byte by strategy that replaces the preset's for that strategy's runs (a what-if)."""
+    links' bus bandwidth at the message size nearest to the run's; where the round timed the
+    call that the layout makes across nodes in the run's own shape (Horovod's flat call,
+    multiworker's rings one per local index), that call's. ``host_ns``: a host time per byte by
+    strategy that replaces the preset's for that strategy's runs (a what-if)."""
     from tfscale.forecast.machines import ModelFigures, load
     from tfscale.forecast.model import HOST_TRANSPORTS, Link
 
@@ -177,6 +179,14 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     one_per_node = across.get("grouped", across) if grouped and layout.local == 1 else across
     inter = Link(_size_row(one_per_node, message)["busbw_GBps"],
                  across["pingpong"]["latency_us"])
+    # multiworker's hierarchical runs cross on tfscale's rings, one per local index at once,
+    # where the round timed them so (sets from 2026-12-06 on): the model shares the node's
+    # link among its rings, so it is charged what they drove across together (and no host
+    # figure, below).
+    pair = across.get(layout.cross_call) if layout.cross_call else None
+    if pair:
+        inter = Link(pair.get("rings", layout.local) * _size_row(pair, message)["busbw_GBps"],
+                     inter.latency_us)
     intra = Link(_size_row(inside, preset.gradient_bytes)["busbw_GBps"],
                  base.intra.latency_us)
     local = layout.local
@@ -213,6 +223,11 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
             idle_host_s_per_byte=measured["tcp"] * 1e-9,
             transport_idle_s_per_byte={t: measured[t] * 1e-9 for t in HOST_TRANSPORTS[1:]
                                        if t in measured})
+    if pair:
+        # The rings were timed as the run crosses: after the backward pass, both ranks of a
+        # node on its one core. Their time holds the phase's host work, so none is added.
+        machine = dataclasses.replace(machine, host_s_per_byte=0.0, idle_host_s_per_byte=0.0,
+                                      transport_idle_s_per_byte={})
     return machine
 
 
@@ -278,9 +293,17 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
         link_rows.append({**busbw(f"{gbit:g} Gbit/s", found, gbit),
                           "latency us": _mean([f["pingpong"]["latency_us"] for f in found])})
         ring_across = [f["ring"] for f in found if "ring" in f]
+        pairs = [f["ring_pair"] for f in found if "ring_pair" in f]
         if ring_across:
-            link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's ring (multiworker "
-                                   "hierarchical; not charged)", ring_across, gbit))
+            charged = "one ring alone" if pairs else "multiworker hierarchical; not charged"
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's ring ({charged})",
+                                   ring_across, gbit))
+        if pairs:  # both rings' bytes: what multiworker's hierarchical runs are charged
+            together = [{"sizes": [{**size, "busbw_GBps": size["busbw_GBps"] * p.get("rings", 2)}
+                                   for size in p["sizes"]]} for p in pairs]
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's rings, one per local index at "
+                                   "once (2 on each node's core, both rings' bytes; multiworker "
+                                   "hierarchical's cross phase, charged)", together, gbit))
         grouped = [f["grouped"] for f in found if "grouped" in f]
         if grouped:
             link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod's grouped call (2x1 runs' call: "

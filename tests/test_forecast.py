@@ -901,6 +901,57 @@ def test_shaped_link_report_shows_tfscales_ring_across_the_link_where_the_round_
                    for line in _kept_report("shaped_links_2026-12-04_zen2_1gbit.json"))
 
 
+def test_multiworkers_hierarchical_runs_are_charged_the_rings_their_round_timed_together(
+        tmp_path: Path) -> None:
+    """Sets from 2026-12-06 on time tfscale's rings as multiworker's hierarchical runs cross,
+    one per local index at once (``"ring_pair"``: each ring's bus bandwidth, and how many ran).
+    Those runs are charged both rings' bytes together, which the model shares among the node's
+    rings, and no host figure (the rings were timed on the node's shared core); no other
+    layout's charge moves, and the report lists the figure as charged and the lone ring
+    beside it."""
+    from bench.shaped_links import ACROSS
+    from bench.shaped_links_report import _links_by_round, machine_for, plan_for
+    from tfscale.forecast.predict import forecast as forecast_rows
+
+    kept = "shaped_links_2026-12-06_zen4_other_layouts.json"
+    result = json.loads((ROOT / "docs" / "forecast" / kept).read_text())
+    for row in result["links"]:
+        if row["gbit"]:  # each of two rings at 0.75 of one alone: 1.5x its bytes together
+            row["ring_pair"] = {"rings": 2, "sizes": [
+                {**size, "busbw_GBps": 0.75 * size["busbw_GBps"]}
+                for size in row["ring"]["sizes"]]}
+    layouts = {layout.name: layout for layout in ACROSS}
+    old, new = _links_by_round(json.loads((ROOT / "docs" / "forecast" / kept).read_text()))[0], \
+        _links_by_round(result)[0]
+
+    def inter_GBps(links: dict[float, Any], name: str) -> float:
+        machine = machine_for(25.0, "resnet50", layouts[name], 30.0, links, 16)
+        return float(machine.inter.bandwidth_GBps)
+
+    def step_ms(links: dict[float, Any], name: str) -> float:
+        machine = machine_for(25.0, "resnet50", layouts[name], 30.0, links, 16)
+        row = forecast_rows(plan_for(machine, "resnet50", layouts[name], 16), [2])[0]
+        return 1e3 * 32 * layouts[name].local / row.images_per_sec
+
+    ring_64 = next(size["busbw_GBps"] for size in new[25.0]["ring"]["sizes"]
+                   if size["bytes"] == 64 * 2**20)
+    assert inter_GBps(new, "2x2 multiworker hierarchical") == pytest.approx(1.5 * ring_64)
+    assert step_ms(new, "2x2 multiworker hierarchical") < step_ms(
+        old, "2x2 multiworker hierarchical") - 20
+    machine = machine_for(25.0, "resnet50", layouts["2x2 multiworker hierarchical"], 30.0, new,
+                          16)  # the rings' time holds their host work: no host figure on it
+    assert forecast_rows(plan_for(machine, "resnet50", layouts["2x2 multiworker hierarchical"],
+                                  16), [2])[0].terms_ms["host time"] == 0.0
+    for name in ("2x2 hierarchical", "2x2 ddl", "2x2 multiworker flat", "2x2 flat fp16"):
+        assert step_ms(new, name) == pytest.approx(step_ms(old, name)), name
+    (tmp_path / kept).write_text(json.dumps(result))
+    lines = _report(tmp_path / kept)
+    charged = [line for line in lines if "one per local index at once" in line]
+    assert len(charged) == 2 and all("charged" in line for line in charged)
+    assert sum("tfscale's ring (one ring alone)" in line for line in lines) == 2
+    assert f"| {1.5 * ring_64:.3g} |" in charged[1]
+
+
 def test_the_flat_runs_are_charged_the_flat_call_their_round_timed(tmp_path: Path) -> None:
     """Sets from 2026-12-05 (late morning) on time Horovod's all-reduce over the 2x2 flat
     layout's ranks across each link; the report shows it and charges it to the flat runs
