@@ -77,6 +77,7 @@ def main() -> None:
     grouped = args.grouped
     hvd.init()
     n = hvd.size()
+    peers = n  # the ranks each call's bus bandwidth is over: under --ring, its ring's own
     one_node = hvd.cross_size() == 1 and not args.horovod
     barrier: Callable[[], object] = lambda: hvd.allreduce(tf.zeros(1), name="barrier").numpy()  # noqa: E731
     close: Callable[[], object] = lambda: None  # noqa: E731
@@ -99,7 +100,7 @@ def main() -> None:
         ring = open_ring(hvd.rank(), members, hvd.allgather_object(socket.gethostname()),
                          token, hvd.allgather_object, timeout_s=120.0)
         close = ring.close
-        n = len(members)  # each ring's bus bandwidth is over its own members
+        peers = len(members)
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
             return lambda: ring.all_reduce(values)
@@ -123,10 +124,10 @@ def main() -> None:
         values = np.ones(nbytes // np.dtype(dtype).itemsize, dtype)
         per_call = _timed(reducer(values), barrier, args.seconds, str(nbytes))
         rows.append({"bytes": nbytes, "seconds": per_call,
-                     "busbw_GBps": nbytes / per_call * 2 * (n - 1) / n / 1e9})
+                     "busbw_GBps": nbytes / per_call * 2 * (peers - 1) / peers / 1e9})
     if hvd.rank() == 0:
         print(json.dumps({"ranks": hvd.size(), "nodes": hvd.cross_size(),
-                          "rings": hvd.size() // n, "transport": transport,
+                          "rings": n // peers, "transport": transport,
                           "dtype": np.dtype(dtype).name, "tensors": grouped,
                           "small_message_us": rows[0]["seconds"] * 1e6, "sizes": rows[1:]}))
     sys.stdout.flush()

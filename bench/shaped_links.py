@@ -564,9 +564,11 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             best = {name: max(s["busbw_GBps"] for s in timed[name]["sizes"])
                     for name in ("ring", "grouped", "flat", "flat_grouped")}
             mpi = max(s["busbw_GBps"] for s in timed["sizes"])
-            pair, together = timed.get("ring_pair"), ""
-            if pair:  # both rings' bytes
-                both = max(s["busbw_GBps"] for s in pair["sizes"]) * pair.get("rings", 2)
+            together = ""
+            if "ring_pair" in timed:
+                from bench.shaped_links_report import rings_together
+
+                both = max(s["busbw_GBps"] for s in rings_together(timed["ring_pair"])["sizes"])
                 together = f", two at once {both:.3f}"
             print(f"[round {round_}] {gbit:g} Gbit/s: busbw {mpi:.3f} GB/s, grouped "
                   f"{best['grouped']:.3f} (tfscale's ring {best['ring']:.3f}{together}; "

@@ -146,6 +146,13 @@ def _size_row(figures: dict[str, Any], nbytes: float = 64 * 2**20) -> dict[str, 
     return row
 
 
+def rings_together(pair: dict[str, Any]) -> dict[str, Any]:
+    """A ``"ring_pair"`` timing (``bench.shaped_links.link_figures``) as its node drives the
+    link: each size's bus bandwidth times the rings that ran at once, both rings' bytes."""
+    return {**pair, "sizes": [{**size, "busbw_GBps": size["busbw_GBps"] * pair["rings"]}
+                              for size in pair["sizes"]]}
+
+
 def batch_of(flags: list[str]) -> int:
     """The per-rank batch size in a model's ``tfscale.train`` flags (``--batch_size=N``)."""
     return int(next(f.split("=", 1)[1] for f in flags if f.startswith("--batch_size=")))
@@ -185,8 +192,7 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # figure, below).
     pair = across.get(layout.cross_call) if layout.cross_call else None
     if pair:
-        inter = Link(pair.get("rings", layout.local) * _size_row(pair, message)["busbw_GBps"],
-                     inter.latency_us)
+        inter = Link(_size_row(rings_together(pair), message)["busbw_GBps"], inter.latency_us)
     intra = Link(_size_row(inside, preset.gradient_bytes)["busbw_GBps"],
                  base.intra.latency_us)
     local = layout.local
@@ -298,12 +304,11 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
             charged = "one ring alone" if pairs else "multiworker hierarchical; not charged"
             link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's ring ({charged})",
                                    ring_across, gbit))
-        if pairs:  # both rings' bytes: what multiworker's hierarchical runs are charged
-            together = [{"sizes": [{**size, "busbw_GBps": size["busbw_GBps"] * p.get("rings", 2)}
-                                   for size in p["sizes"]]} for p in pairs]
+        if pairs:  # what multiworker's hierarchical runs are charged
             link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's rings, one per local index at "
                                    "once (2 on each node's core, both rings' bytes; multiworker "
-                                   "hierarchical's cross phase, charged)", together, gbit))
+                                   "hierarchical's cross phase, charged)",
+                                   [rings_together(p) for p in pairs], gbit))
         grouped = [f["grouped"] for f in found if "grouped" in f]
         if grouped:
             link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod's grouped call (2x1 runs' call: "
