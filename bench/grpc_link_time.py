@@ -76,6 +76,33 @@ def time_across(nbytes: int) -> float:
     return max(times)
 
 
+#: Timings per model of :func:`link_row`: the median of three, so that one slow timing (gRPC's
+#: ran 3x slow once on the Zen 3, 2026-12-03) sets nothing alone.
+LINK_TIMINGS = 3
+
+
+def link_row(models: tuple[str, ...], count: int = LINK_TIMINGS) -> dict[str, Any]:
+    """gRPC's flat ring across the link as it is shaped now, multiworker's 2x2 flat runs' own
+    call in their shape (each node's two workers on its one core), as ``bench.shaped_links
+    --grpc_across`` times it into each link row's ``"grpc_flat"`` (reported, not charged): per
+    model, ``count`` timings at its gradient
+    size (:func:`time_across`), the models in turn; each size's bus bandwidth over the ring's
+    four ranks from the median (nccl-tests' definition, as ``bench.link_allreduce_worker``);
+    one ring (``"rings"``, as a ``"ring_pair"`` row has two)."""
+    sizes = {model: gradient_bytes(model) for model in models}
+    timings: dict[str, list[float]] = {model: [] for model in models}
+    for _ in range(count):
+        for model in models:
+            timings[model].append(time_across(sizes[model]))
+    ranks = LOCAL * NODES
+    return {"rings": 1, "peers": ranks, "timings_s": timings,
+            "sizes": [{"bytes": sizes[model], "model": model,
+                       "seconds_per_call": statistics.median(times),
+                       "busbw_GBps": sizes[model] / statistics.median(times)
+                       * 2 * (ranks - 1) / ranks / 1e9}
+                      for model, times in timings.items()]}
+
+
 def wire_s(nbytes: int, gbit: float) -> float:
     """The flat ring's time on the wire alone at ``gbit`` (its hops across, at the rate)."""
     from tfscale.forecast.model import Link, flat_allreduce_s

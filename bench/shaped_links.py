@@ -27,7 +27,11 @@ multiworker's flat runs are charged gRPC's host figure timed in their own topolo
 (``python -m tfscale.cli.host_time grpc N --flat_ring``), twice at each round's start and twice
 at its end, the median of the four (since 2026-12-04; from 2026-11-28 night once at each end,
 the mean of the two; the set before once, at the start). One 3-second timing ran 3x slow on
-the Zen 3 and alone set a run's forecast 30% off (docs/FORECAST.md, 2026-12-04).
+the Zen 3 and alone set a run's forecast 30% off (docs/FORECAST.md, 2026-12-04). With
+``--grpc_across`` each link's row also times that ring across the shaped link, three times per
+model (``bench.grpc_link_time.link_row``): the runs' own call, wire and host work in one
+timing, reported beside the charge; on the Zen 3 of 2026-12-06 charging it described the runs
+worse than the figures above (docs/FORECAST.md), so it is not charged.
 
 Every node has one core of this machine (launch.minicluster), so the 2 ranks of a node share
 it. The kernel here has no ``netem``: latency is the path's own, measured, not added.
@@ -136,12 +140,22 @@ class Layout:
 
     @property
     def cross_call(self) -> str:
-        """The link rows' timing that this layout's phase across nodes is charged instead of
-        Horovod's all-reduce with one rank per node, where the round has it: multiworker's
-        hierarchical runs cross on tfscale's rings, one per local index, all at once
-        (``"ring_pair"``, :func:`link_figures`); "" for the others."""
-        hierarchical = self.algorithm == "hierarchical" and self.local > 1
-        return "ring_pair" if self.strategy == "multiworker" and hierarchical else ""
+        """The link rows' timing of the call that this layout's runs make across nodes, where
+        it is not Horovod's: multiworker's hierarchical runs cross on tfscale's rings, one per
+        local index, all at once (``"ring_pair"``), its 2x2 flat runs on TensorFlow's gRPC ring
+        over the four ranks (``"grpc_flat"``, :func:`measure` with ``grpc_across``); "" for
+        the others. Where the round timed it and it is in
+        ``bench.shaped_links_report.CHARGED_CROSS_CALLS`` (the rings, not gRPC's), its runs
+        are charged it instead of Horovod's all-reduce with one rank per node and a host
+        figure."""
+        from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES
+
+        if self.strategy != "multiworker":
+            return ""
+        if self.algorithm == "hierarchical" and self.local > 1:
+            return "ring_pair"
+        flat_ring = (self.nodes, self.local) == (FLAT_RING_NODES, FLAT_RING_LOCAL)
+        return "grpc_flat" if self.algorithm == "flat" and flat_ring else ""
 
     @property
     def has_timeline(self) -> bool:
@@ -294,7 +308,8 @@ def link_figures() -> dict[str, Any]:
     tfscale's rings as multiworker's hierarchical runs cross: two ranks on each node's core,
     one ring per local index, both at once; their runs are charged it (``Layout.cross_call``).
     On the Zen 3 of 2026-12-06 at 25 Gbit/s, one ring alone moved 0.62-0.72 GB/s at 64 MiB and
-    two at once 0.72-0.83 together; at 1 Gbit/s one alone and two together both 0.115."""
+    two at once 0.72-0.83 together; at 1 Gbit/s one alone and two together both 0.115. With
+    ``--grpc_across``, :func:`measure` adds ``"grpc_flat"``."""
     def across(*flags: str, local: int = 1) -> dict[str, Any]:
         return on_both_nodes("bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
                              *flags, local=local)
@@ -506,7 +521,7 @@ def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
             layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
             figures: bool = False, bracketed: bool = False,
-            timelines: bool = False) -> dict[str, Any]:
+            timelines: bool = False, grpc_across: bool = False) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
     ``earlier`` (a saved result), its rounds are kept and these continue their count.
     ``layouts``: the two-node runs (the one-node runs always run, for their baselines).
@@ -520,7 +535,10 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     where that run follows at once with the same model and ranks per node: baseline and run
     alternate, B R B R B, and a drift that is linear over one run's minutes cancels in the
     mean of the two around it. ``timelines``: each Horovod run across nodes (horovod, ddl)
-    also writes Horovod's timeline, kept summed per activity (:func:`train`)."""
+    also writes Horovod's timeline, kept summed per activity (:func:`train`). ``grpc_across``:
+    each link's row also times gRPC's flat ring across it, as multiworker's 2x2 flat runs
+    cross (``"grpc_flat"``: TensorFlow's gRPC ring over the four ranks, each node's two on its
+    one core, at each model's gradient size, ``bench.grpc_link_time.link_row``)."""
     OUT.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
     link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
@@ -558,6 +576,12 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         for gbit in in_round_order(links, round_):
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
+            if grpc_across:
+                # multiworker flat's own call across the link: reported, not charged
+                # (bench.shaped_links_report.CHARGED_CROSS_CALLS).
+                from bench.grpc_link_time import link_row
+
+                link_rows[-1]["grpc_flat"] = link_row(tuple(MODELS))
             if any(layout.transport == "gloo" for layout in layouts):
                 link_rows[-1]["flat_grouped_gloo"] = gloo_call_figures()
             timed = link_rows[-1]
@@ -570,6 +594,10 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
 
                 both = max(s["busbw_GBps"] for s in rings_together(timed["ring_pair"])["sizes"])
                 together = f", two at once {both:.3f}"
+            if "grpc_flat" in timed:
+                together += "; gRPC's flat ring " + ", ".join(
+                    f"{size['model']} {size['busbw_GBps']:.3f}"
+                    for size in timed["grpc_flat"]["sizes"])
             print(f"[round {round_}] {gbit:g} Gbit/s: busbw {mpi:.3f} GB/s, grouped "
                   f"{best['grouped']:.3f} (tfscale's ring {best['ring']:.3f}{together}; "
                   f"Horovod over 2x2 "
@@ -659,6 +687,11 @@ def main() -> int:
                         help="each horovod and ddl run across nodes also writes Horovod's "
                              "timeline (rank 0's), kept summed per activity; the report sets "
                              "it per step beside the forecast's exchange")
+    parser.add_argument("--grpc_across", action="store_true",
+                        help="each link's row also times TensorFlow's gRPC ring over the 2x2 "
+                             "flat layout's ranks across the link, three times per model: "
+                             "multiworker flat's own call, reported beside its charge (not "
+                             "charged; docs/FORECAST.md)")
     parser.add_argument("--round_figures", action="store_true",
                         help="with --report: forecast every run from its round's figures even "
                              "where the set timed its own beside it (--adjacent_figures): the "
@@ -669,10 +702,10 @@ def main() -> int:
                              "multiworker=6.9 from bench.transport_host_time's gRPC); repeatable")
     args = parser.parse_args()
     if (args.adjacent_baselines or args.adjacent_figures or args.bracketed_baselines
-            or args.horovod_timelines) and args.report:
-        parser.error("--adjacent_baselines, --bracketed_baselines, --adjacent_figures and "
-                     "--horovod_timelines go with a measurement, not --report (a result that "
-                     "has them is reported with them)")
+            or args.horovod_timelines or args.grpc_across) and args.report:
+        parser.error("--adjacent_baselines, --bracketed_baselines, --adjacent_figures, "
+                     "--horovod_timelines and --grpc_across go with a measurement, not "
+                     "--report (a result that has them is reported with them)")
     if args.bracketed_baselines and not args.adjacent_baselines:
         parser.error("--bracketed_baselines adds a baseline after each run to the one before "
                      "it: give it with --adjacent_baselines")
@@ -694,7 +727,8 @@ def main() -> int:
             save("shaped_links", measure([float(x) for x in args.links.split(",")],
                                          args.rounds, earlier, layouts,
                                          args.adjacent_baselines, args.adjacent_figures,
-                                         args.bracketed_baselines, args.horovod_timelines))
+                                         args.bracketed_baselines, args.horovod_timelines,
+                                         args.grpc_across))
     from bench.shaped_links_report import report
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the

@@ -147,8 +147,9 @@ def _size_row(figures: dict[str, Any], nbytes: float = 64 * 2**20) -> dict[str, 
 
 
 def rings_together(pair: dict[str, Any]) -> dict[str, Any]:
-    """A ``"ring_pair"`` timing (``bench.shaped_links.link_figures``) as its node drives the
-    link: each size's bus bandwidth times the rings that ran at once, both rings' bytes."""
+    """A timing of the rings that ran at once (``"ring_pair"``, ``bench.shaped_links.
+    link_figures``; ``"grpc_flat"`` is one ring) as its node drives the link: each size's bus
+    bandwidth times the rings, all rings' bytes."""
     return {**pair, "sizes": [{**size, "busbw_GBps": size["busbw_GBps"] * pair["rings"]}
                               for size in pair["sizes"]]}
 
@@ -165,14 +166,23 @@ def message_bytes(gradient_bytes: float, layout: Any) -> float:
     return share / 2 if layout.fp16 else share
 
 
+#: The calls across nodes (``bench.shaped_links.Layout.cross_call``) that their runs are charged
+#: where the round timed them. gRPC's flat ring timed across the link (``"grpc_flat"``,
+#: ``--grpc_across``) is reported but not charged: on the Zen 3 of 2026-12-06 it described
+#: multiworker's flat runs worse than the charge it would replace, Open MPI's link figure and
+#: gRPC's host figure (docs/FORECAST.md, "gRPC's flat ring timed across the link").
+CHARGED_CROSS_CALLS = ("ring_pair",)
+
+
 def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
                 links: dict[float, dict[str, Any]], batch_size: int,
                 host_ns: Mapping[str, float] | None = None) -> Any:
     """The preset ``minicluster_<gbit>gbit`` calibrated with one round's measurements: the
     links' bus bandwidth at the message size nearest to the run's; where the round timed the
     call that the layout makes across nodes in the run's own shape (Horovod's flat call,
-    multiworker's rings one per local index), that call's. ``host_ns``: a host time per byte by
-    strategy that replaces the preset's for that strategy's runs (a what-if)."""
+    multiworker's rings one per local index: :data:`CHARGED_CROSS_CALLS`), that call's.
+    ``host_ns``: a host time per byte by strategy that replaces the preset's for that
+    strategy's runs (a what-if)."""
     from tfscale.forecast.machines import ModelFigures, load
     from tfscale.forecast.model import HOST_TRANSPORTS, Link
 
@@ -189,8 +199,9 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # multiworker's hierarchical runs cross on tfscale's rings, one per local index at once,
     # where the round timed them so (sets from 2026-12-06 on): the model shares the node's
     # link among its rings, so it is charged what they drove across together (and no host
-    # figure, below).
-    pair = across.get(layout.cross_call) if layout.cross_call else None
+    # figure, below). Only the calls in CHARGED_CROSS_CALLS are charged.
+    charged = layout.cross_call in CHARGED_CROSS_CALLS
+    pair = across.get(layout.cross_call) if charged else None
     if pair:
         inter = Link(_size_row(rings_together(pair), message)["busbw_GBps"], inter.latency_us)
     intra = Link(_size_row(inside, preset.gradient_bytes)["busbw_GBps"],
@@ -230,8 +241,8 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
             transport_idle_s_per_byte={t: measured[t] * 1e-9 for t in HOST_TRANSPORTS[1:]
                                        if t in measured})
     if pair:
-        # The rings were timed as the run crosses: after the backward pass, both ranks of a
-        # node on its one core. Their time holds the phase's host work, so none is added.
+        # The call was timed as the run crosses: after the backward pass, both ranks of a
+        # node on its one core. Its time holds the host work, so none is added.
         machine = dataclasses.replace(machine, host_s_per_byte=0.0, idle_host_s_per_byte=0.0,
                                       transport_idle_s_per_byte={})
     return machine
@@ -475,14 +486,43 @@ def grpc_timing_lines(link_rows: list[dict[str, Any]]) -> list[str]:
     taken (ns per stack byte) and the figure the round charged (their median; sets before
     2026-12-04 took one timing at each end and charged the mean)."""
     lines = []
+    # Rounds that timed the ring across the link charge that instead, where it is charged
+    # (grpc_link_lines).
+    across = ({row["round"] for row in link_rows if "grpc_flat" in row}
+              if "grpc_flat" in CHARGED_CROSS_CALLS else set())
     for row in link_rows:
         timings = row.get("grpc_ring_timings") or {}
         charged = row.get("grpc_ring_ns_per_stack_byte") or {}
         if timings:
+            median = "median" if row["round"] in across else "charged"
             models = "; ".join(
-                f"{model} {', '.join(f'{t:.2f}' for t in values)}, charged {charged[model]:.2f}"
+                f"{model} {', '.join(f'{t:.2f}' for t in values)}, {median} {charged[model]:.2f}"
                 for model, values in sorted(timings.items()))
-            lines.append(f"gRPC's flat ring, round {row['round']} (ns per stack byte): {models}.")
+            lines.append(f"gRPC's flat ring, round {row['round']} (ns per stack byte): {models}"
+                         + ("; not charged: its ring across the link is, below." if
+                            row["round"] in across else "."))
+    return [*lines, ""] if lines else []
+
+
+def grpc_link_lines(link_rows: list[dict[str, Any]]) -> list[str]:
+    """One line per round and link that timed gRPC's flat ring across the link (``"grpc_flat"``,
+    ``--grpc_across``): each model's timings in the order taken (ms per all-reduce) and the
+    median's bus bandwidth, whether multiworker's 2x2 flat runs are charged it or not
+    (:data:`CHARGED_CROSS_CALLS`)."""
+    charged = ("charged to multiworker flat" if "grpc_flat" in CHARGED_CROSS_CALLS else
+               "multiworker flat's call; not charged")
+    lines = []
+    for row in link_rows:
+        timed = row.get("grpc_flat")
+        if timed:
+            models = "; ".join(
+                f"{size['model']} "
+                f"{', '.join(f'{1e3 * t:.0f}' for t in timed['timings_s'][size['model']])}, "
+                f"median {1e3 * size['seconds_per_call']:.0f} ({size['busbw_GBps']:.3f} GB/s)"
+                for size in timed["sizes"])
+            lines.append(f"gRPC's flat ring across {row['gbit']:g} Gbit/s, round {row['round']} "
+                         f"(ms per all-reduce, 2 ranks on each node's core; {charged}): "
+                         f"{models}.")
     return [*lines, ""] if lines else []
 
 
@@ -508,7 +548,7 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
                    f"{len(drifts)} runs more than 5% apart, median "
                    f"{statistics.median(drifts):+.1%}, from {min(drifts):+.1%} to "
                    f"{max(drifts):+.1%}.", ""]
-    spread += grpc_timing_lines(result["links"])
+    spread += grpc_timing_lines(result["links"]) + grpc_link_lines(result["links"])
     timelines = timeline_rows(result, host_ns)
     if timelines:
         spread += ["Horovod's timeline on rank 0 against the forecast (ms per step; waited: the "
