@@ -95,7 +95,7 @@ def link_row(models: tuple[str, ...], count: int = LINK_TIMINGS) -> dict[str, An
         for model in models:
             timings[model].append(time_across(sizes[model]))
     ranks = LOCAL * NODES
-    return {"rings": 1, "peers": ranks, "timings_s": timings,
+    return {"rings": 1, "timings_s": timings,
             "sizes": [{"bytes": sizes[model], "model": model,
                        "seconds_per_call": statistics.median(times),
                        "busbw_GBps": sizes[model] / statistics.median(times)

@@ -486,21 +486,14 @@ def grpc_timing_lines(link_rows: list[dict[str, Any]]) -> list[str]:
     taken (ns per stack byte) and the figure the round charged (their median; sets before
     2026-12-04 took one timing at each end and charged the mean)."""
     lines = []
-    # Rounds that timed the ring across the link charge that instead, where it is charged
-    # (grpc_link_lines).
-    across = ({row["round"] for row in link_rows if "grpc_flat" in row}
-              if "grpc_flat" in CHARGED_CROSS_CALLS else set())
     for row in link_rows:
         timings = row.get("grpc_ring_timings") or {}
         charged = row.get("grpc_ring_ns_per_stack_byte") or {}
         if timings:
-            median = "median" if row["round"] in across else "charged"
             models = "; ".join(
-                f"{model} {', '.join(f'{t:.2f}' for t in values)}, {median} {charged[model]:.2f}"
+                f"{model} {', '.join(f'{t:.2f}' for t in values)}, charged {charged[model]:.2f}"
                 for model, values in sorted(timings.items()))
-            lines.append(f"gRPC's flat ring, round {row['round']} (ns per stack byte): {models}"
-                         + ("; not charged: its ring across the link is, below." if
-                            row["round"] in across else "."))
+            lines.append(f"gRPC's flat ring, round {row['round']} (ns per stack byte): {models}.")
     return [*lines, ""] if lines else []
 
 
