@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -36,13 +35,14 @@ from bench.common import (
     save,
     table,
 )
+from tfscale.forecast.calibrate import progress_windows
 
 SAME = ("cpu", "model", "layout", "links")  # what results pooled must share
 
 
 def shares(stdout: str) -> list[float]:
     """The exchange's share of the step on each of a run's progress lines."""
-    return [int(share) / 100 for share in re.findall(r"\(exchange (\d+)%\)", stdout)]
+    return [share for _, _, share in progress_windows(stdout) if share is not None]
 
 
 def measure(rounds: int, links: list[float], model: str, layout_name: str) -> dict[str, Any]:

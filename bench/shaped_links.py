@@ -87,7 +87,7 @@ from bench.common import OUT, ROOT, cpu_description, in_round_order, save
 from bench.transport_host_time import idle_figures
 from tfscale.cli.output import ends_quietly
 from tfscale.exchange.horovod_timeline import TIMELINE_FILE, load, summarize
-from tfscale.forecast.calibrate import progress_rates
+from tfscale.forecast.calibrate import progress_windows
 
 CLUSTER = [sys.executable, "-m", "launch.minicluster"]
 NODES = ("node1", "node2")
@@ -439,20 +439,36 @@ def run_figures(model: str, layout: Layout) -> dict[str, Any]:
     return {"link": link, "node": node}
 
 
-def steady_rate(stdout: str) -> float | None:
-    """Images/s over the progress intervals after the first (None with fewer than two): a
+def _steady_windows(stdout: str) -> list[tuple[int, float, float | None]]:
+    """(steps, images/s, exchange share) of a run's progress intervals after the first: a
     job's first steps after the compiled one still warm up (Horovod's first negotiation of
     each tensor, the fusion buffer's allocation; a resnet50 step 2 across nodes took 1.6 s
     against 1.25 after it, 2026-11-28), and over a few steps that alone moves the mean."""
     intervals = []
     last = 1  # the first (compiled) step is never in a progress rate
-    for step, rate in progress_rates(stdout):
-        intervals.append((step - last, rate))
+    for step, rate, share in progress_windows(stdout):
+        intervals.append((step - last, rate, share))
         last = step
-    later = intervals[1:]
+    return intervals[1:]
+
+
+def steady_rate(stdout: str) -> float | None:
+    """Images/s over the progress intervals after the first (None with fewer than two)."""
+    later = _steady_windows(stdout)
     if not later:
         return None
-    return sum(steps for steps, _ in later) / sum(steps / rate for steps, rate in later)
+    return sum(steps for steps, _, _ in later) / sum(steps / rate for steps, rate, _ in later)
+
+
+def steady_exchange_share(stdout: str) -> float | None:
+    """The share of the same intervals' time (as :func:`steady_rate`'s) that the steps waited
+    for their gradient exchange, by tfscale's clock in the step (:mod:`tfscale.exchange.timing`;
+    each line's share, to 1%, weighted by its interval's time); None where a line has none."""
+    later = _steady_windows(stdout)
+    if not later or any(share is None for _, _, share in later):
+        return None
+    return (sum(steps / rate * (share or 0.0) for steps, rate, share in later)
+            / sum(steps / rate for steps, rate, _ in later))
 
 
 def _train_command(model: str, layout: Layout, where: list[str], model_dir: Path,
@@ -473,7 +489,8 @@ TIMELINE_SKIP = 0.2
 
 def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
     """One run of tfscale.train under srun on the cluster: its results.json, with
-    ``steady_images_per_sec`` (:func:`steady_rate`). A one-node run runs on both nodes at once,
+    ``steady_images_per_sec`` (:func:`steady_rate`) and ``steady_exchange_share``
+    (:func:`steady_exchange_share`). A one-node run runs on both nodes at once,
     as two separate jobs, and reports the first node's (``neighbour_images_per_sec``: the
     other's): the nodes of this cluster share one machine's cache and memory, which a two-node
     run keeps busy on both, so its one-node baseline must too (resnet50 on one core ran 5%
@@ -503,6 +520,9 @@ def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
                  for i in range(len(procs))]
         results: dict[str, Any] = found[0]
         results["steady_images_per_sec"] = steady_rate(rank0_text(outputs[0][0]))
+        # Rank 0's: the step's own exchange, set against the forecast's (sets from
+        # 2026-12-06 afternoon on; shaped_links_report.step_split_rows).
+        results["steady_exchange_share"] = steady_exchange_share(rank0_text(outputs[0][0]))
         if len(found) > 1:
             results["neighbour_images_per_sec"] = (steady_rate(outputs[1][0])
                                                    or found[1]["images_per_sec"])

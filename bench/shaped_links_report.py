@@ -481,6 +481,44 @@ TIMELINE_COLUMNS = ["model", "link", "run", "round", "step", "forecast step", "w
                     "forecast waited", "forecast whole", *TIMELINE_KINDS]
 
 
+def step_split_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
+                    ) -> list[dict[str, Any]]:
+    """One row per round of each two-node run whose progress lines timed its exchange (sets
+    from 2026-12-06 afternoon on: ``steady_exchange_share``, rank 0's), in milliseconds per
+    step: the measured step split by that clock into the exchange the steps waited for and the
+    rest, each beside the forecast's (its exposed exchange; its compute and stragglers, the
+    compute being the run's one-node baseline step less the forecast's own exchange of that
+    node), and each part's error: a forecast error shows as the exchange's or the rest's."""
+    layouts = _layouts()
+    runs, links = _by_round(result), _links_by_round(result)
+    out = []
+    for run in result["runs"]:
+        share = run.get("steady_exchange_share")
+        if share is None or not run["gbit"]:
+            continue
+        r, gbit, model, layout = run["round"], run["gbit"], run["model"], layouts[run["layout"]]
+        batch = batch_of(result["models"][model])
+        node = node_rate(run, runs[r], model, layout.local)
+        if node is None or gbit not in links[r] or 0.0 not in links[r]:
+            continue
+        step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
+        row = forecast_row(gbit, model, layout, node, links_of(run, links[r]), batch, host_ns)
+        exchange, rest = share * step, (1 - share) * step
+        forecast_rest = row.terms_ms["compute"] + row.terms_ms["stragglers"]
+        out.append({"model": model, "link": f"{gbit:g} Gbit/s", "run": run["layout"],
+                    "round": r, "step": step, "forecast step": row.step_ms,
+                    "exchange": exchange, "forecast exchange": row.exchange_ms,
+                    "exchange error": f"{row.exchange_ms / exchange - 1:+.1%}",
+                    "rest": rest, "forecast rest": forecast_rest,
+                    "rest error": f"{forecast_rest / rest - 1:+.1%}"})
+    return sorted(out, key=lambda row: (row["model"], row["link"], row["run"], row["round"]))
+
+
+STEP_SPLIT_COLUMNS = ["model", "link", "run", "round", "step", "forecast step", "exchange",
+                      "forecast exchange", "exchange error", "rest", "forecast rest",
+                      "rest error"]
+
+
 def grpc_timing_lines(link_rows: list[dict[str, Any]]) -> list[str]:
     """One line per round that timed gRPC's flat ring: each model's timings in the order
     taken (ns per stack byte) and the figure the round charged (their median; sets before
@@ -550,6 +588,16 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
                    "them the transport and the copies: the timeline's):", "",
                    table([{k: f"{v:.1f}" if isinstance(v, float) else v
                            for k, v in row.items()} for row in timelines], TIMELINE_COLUMNS),
+                   ""]
+    splits = step_split_rows(result, host_ns)
+    if splits:
+        spread += ["Each run's step split by tfscale's exchange clock (rank 0's progress "
+                   "lines) against the forecast's terms (ms per step; exchange: what the "
+                   "steps waited for their gradients; rest: the step less that, against the "
+                   "forecast's compute and stragglers; an error above 0: the forecast's part "
+                   "is the longer):", "",
+                   table([{k: f"{v:.1f}" if isinstance(v, float) else v
+                           for k, v in row.items()} for row in splits], STEP_SPLIT_COLUMNS),
                    ""]
     missing = [f"No timeline from {run['model']} {run['layout']}, round {run['round']}: "
                f"{run['timeline_error']}" for run in result["runs"] if "timeline_error" in run]

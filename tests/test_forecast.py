@@ -1263,6 +1263,73 @@ def test_shaped_link_runs_are_timed_after_their_first_interval() -> None:
                     "neighbour_images_per_sec": 38.0}) == 40.0
 
 
+def test_shaped_link_runs_keep_the_share_of_their_steps_spent_waiting_for_the_exchange(
+        ) -> None:
+    """Over the same intervals as its images/s, a run keeps the exchange's share of its time
+    from rank 0's progress lines (each line's share weighted by its interval's time); a run
+    whose lines have none (one process) keeps None. The lines are a 2x2 multiworker flat mlp
+    run's at 1 Gbit/s on the mini-cluster (Zen 3, 2026-12-06)."""
+    from bench.shaped_link_pairs import shares
+    from bench.shaped_links import steady_exchange_share
+
+    real = "\n".join(
+        f"step {step}/1000  loss 1.0  {rate} images/s (exchange {share}%)  elapsed 0:00:39  "
+        f"ETA 0:02:32  |  epoch 1 {step}/1000  elapsed 0:00:39  ETA 0:02:32"
+        for step, rate, share in [(200, "1351.34", 79), (400, "1226.16", 78),
+                                  (600, "1304.01", 79), (800, "1346.28", 79),
+                                  (1000, "1334.84", 80)])
+    times = [200 / rate for rate in (1226.16, 1304.01, 1346.28, 1334.84)]
+    assert steady_exchange_share(real) == pytest.approx(
+        sum(t * s for t, s in zip(times, (0.78, 0.79, 0.79, 0.80), strict=True)) / sum(times))
+    assert shares(real) == [0.79, 0.78, 0.79, 0.79, 0.80]
+    synthetic = "\n".join([
+        "step 1/24  loss 6.9  images/s after compilation  elapsed 0:00:14",
+        "step 4/24  loss 6.8  30.00 images/s (exchange 38%)  elapsed 0:00:16",
+        "step 8/24  loss 6.7  50.00 images/s (exchange 15%)  elapsed 0:00:17",
+        "step 12/24  loss 6.6  25.00 images/s (exchange 14%)  elapsed 0:00:18"])
+    # The first interval's 38% is left out, as its rate is; 4/25 of the time at 14%.
+    assert steady_exchange_share(synthetic) == pytest.approx(
+        (4 / 50 * 0.15 + 4 / 25 * 0.14) / (4 / 50 + 4 / 25))
+    one = synthetic.replace(" (exchange 15%)", "")
+    assert steady_exchange_share(one) is None
+    assert steady_exchange_share(synthetic.replace(" (exchange 14%)", "").replace(
+        " (exchange 15%)", "")) is None
+
+
+def test_shaped_link_report_splits_each_step_by_the_exchange_clock_against_the_terms(
+        tmp_path: Path) -> None:
+    """Where a set's runs kept the exchange's share of their steps, the report splits each
+    run's measured step into the exchange and the rest, beside the forecast's exposed exchange
+    and its compute and stragglers; a set without it (every set before 2026-12-06 afternoon)
+    reports as before."""
+    from bench.shaped_links_report import STEP_SPLIT_COLUMNS, step_split_rows
+
+    kept = "shaped_links_2026-12-06_zen3_grpc_across.json"
+    result = json.loads((ROOT / "docs" / "forecast" / kept).read_text())
+    assert step_split_rows(result) == []
+    before = _report(ROOT / "docs" / "forecast" / kept)
+    assert not any("exchange clock" in line for line in before)
+    for run in result["runs"]:
+        if run["gbit"]:
+            run["steady_exchange_share"] = 0.5 if run["model"] == "mlp" else 0.25
+    split = step_split_rows(result)
+    assert len(split) == 8  # 2 rounds x 2 links x 2 models, one layout
+    for row in split:
+        assert row["exchange"] + row["rest"] == pytest.approx(row["step"])
+        assert row["exchange"] == pytest.approx(row["step"] * (0.5 if row["model"] == "mlp"
+                                                               else 0.25))
+        assert row["forecast exchange"] + row["forecast rest"] == pytest.approx(
+            row["forecast step"], rel=1e-6)
+        assert row["rest error"] == f"{row['forecast rest'] / row['rest'] - 1:+.1%}"
+    (tmp_path / kept).write_text(json.dumps(result))
+    after = _report(tmp_path / kept)
+    header = after.index(next(line for line in after if "exchange clock" in line))
+    assert after[header + 2].startswith("| " + " | ".join(STEP_SPLIT_COLUMNS))
+    assert len([line for line in after[header + 4:header + 12] if line.startswith("| mlp")
+                or line.startswith("| resnet50")]) == 8
+    assert after[-1] == before[-1]  # the forecast's count is the same
+
+
 def test_shaped_link_report_charges_each_run_its_rounds_own_cast_and_transport_figures(
         ) -> None:
     """A round that timed fp16's casts and each transport's host work on an idle core (sets

@@ -150,14 +150,24 @@ while time.perf_counter() - start < seconds or len(times) < 5:
 times.sort()
 print(times[len(times) // 2] / (4 * int(values.shape[0])) * 1e9)
 """
-_STEP_LINE = re.compile(r"^step (\d+)/\d+ .*?([0-9.]+) images/s")
+_STEP_LINE = re.compile(r"^step (\d+)/\d+ .*?([0-9.]+) images/s(?: \(exchange (\d+)%\))?")
+
+
+def progress_windows(stdout: str) -> list[tuple[int, float, float | None]]:
+    """(step, images/s, the exchange's share of the window's step time) of each of a
+    ``tfscale.train`` run's progress lines that has a rate (the compiled first step's line has
+    none), in order; the share is None on a line without one (one worker, a step XLA compiles
+    whole: :mod:`tfscale.exchange.timing`)."""
+    return [(int(m.group(1)), float(m.group(2)),
+             None if m.group(3) is None else int(m.group(3)) / 100)
+            for line in stdout.splitlines()
+            if (m := _STEP_LINE.match(line.strip())) and float(m.group(2)) > 0]
 
 
 def progress_rates(stdout: str) -> list[tuple[int, float]]:
-    """(step, images/s) of each of a ``tfscale.train`` run's progress lines that has a rate
-    (the compiled first step's line has none), in order."""
-    return [(int(m.group(1)), float(m.group(2))) for line in stdout.splitlines()
-            if (m := _STEP_LINE.match(line.strip())) and float(m.group(2)) > 0]
+    """(step, images/s) of each of a run's progress lines that has a rate
+    (:func:`progress_windows`)."""
+    return [(step, rate) for step, rate, _ in progress_windows(stdout)]
 
 
 def step_cv(stdout: str, batch_size: int, skip: int = 2) -> float | None:
