@@ -34,7 +34,7 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from bench.common import table
@@ -440,6 +440,28 @@ def timeline_kind(name: str) -> str:
     return "transport" if op in _COLLECTIVES and prefix else ""
 
 
+def forecast_runs(result: dict[str, Any], wanted: Callable[[dict[str, Any]], bool],
+                  host_ns: Mapping[str, float] | None = None,
+                  ) -> Iterator[tuple[dict[str, Any], float, Any]]:
+    """(run, its measured step in ms, the forecast's row for it) for each run across the link
+    that ``wanted`` picks and the set can forecast (a one-node rate, and its round's link
+    figures); ``host_ns`` as for :func:`machine_for`."""
+    layouts = _layouts()
+    runs, links = _by_round(result), _links_by_round(result)
+    for run in result["runs"]:
+        r, gbit, model = run["round"], run["gbit"], run["model"]
+        if not gbit or not wanted(run):
+            continue
+        layout = layouts[run["layout"]]
+        batch = batch_of(result["models"][model])
+        node = node_rate(run, runs[r], model, layout.local)
+        if node is None or gbit not in links[r] or 0.0 not in links[r]:
+            continue
+        step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
+        yield run, step, forecast_row(gbit, model, layout, node, links_of(run, links[r]),
+                                      batch, host_ns)
+
+
 def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
                   ) -> list[dict[str, Any]]:
     """One row per round of each run that kept Horovod's timeline (``--horovod_timelines``),
@@ -451,19 +473,9 @@ def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = 
     within them the transport's own (MPI_ALLREDUCE, ...) and the copies in and out of the
     fusion buffer. An activity's ms per step is its share of the timeline's wall time times
     the measured step."""
-    layouts = _layouts()
-    runs, links = _by_round(result), _links_by_round(result)
     out = []
-    for run in result["runs"]:
-        if not run.get("timeline"):
-            continue
-        r, gbit, model, layout = run["round"], run["gbit"], run["model"], layouts[run["layout"]]
-        batch = batch_of(result["models"][model])
-        node = node_rate(run, runs[r], model, layout.local)
-        if node is None or gbit not in links[r] or 0.0 not in links[r]:
-            continue
-        step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
-        row = forecast_row(gbit, model, layout, node, links_of(run, links[r]), batch, host_ns)
+    for run, step, row in forecast_runs(result, lambda run: bool(run.get("timeline")), host_ns):
+        model, gbit, r = run["model"], run["gbit"], run["round"]
         per_step: dict[str, float] = dict.fromkeys(TIMELINE_KINDS, 0.0)
         for activity in run["timeline"]:
             kind = timeline_kind(activity["name"])
@@ -489,20 +501,11 @@ def step_split_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None 
     rest, each beside the forecast's (its exposed exchange; its compute and stragglers, the
     compute being the run's one-node baseline step less the forecast's own exchange of that
     node), and each part's error: a forecast error shows as the exchange's or the rest's."""
-    layouts = _layouts()
-    runs, links = _by_round(result), _links_by_round(result)
     out = []
-    for run in result["runs"]:
-        share = run.get("steady_exchange_share")
-        if share is None or not run["gbit"]:
-            continue
-        r, gbit, model, layout = run["round"], run["gbit"], run["model"], layouts[run["layout"]]
-        batch = batch_of(result["models"][model])
-        node = node_rate(run, runs[r], model, layout.local)
-        if node is None or gbit not in links[r] or 0.0 not in links[r]:
-            continue
-        step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
-        row = forecast_row(gbit, model, layout, node, links_of(run, links[r]), batch, host_ns)
+    for run, step, row in forecast_runs(
+            result, lambda run: run.get("steady_exchange_share") is not None, host_ns):
+        model, gbit, r, share = run["model"], run["gbit"], run["round"], \
+            run["steady_exchange_share"]
         exchange, rest = share * step, (1 - share) * step
         forecast_rest = row.terms_ms["compute"] + row.terms_ms["stragglers"]
         out.append({"model": model, "link": f"{gbit:g} Gbit/s", "run": run["layout"],
@@ -557,6 +560,14 @@ def grpc_link_lines(link_rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def _ms_table(header: str, rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """A report section of per-step rows, milliseconds to 0.1 (nothing without rows)."""
+    if not rows:
+        return []
+    return [header, "", table([{k: f"{v:.1f}" if isinstance(v, float) else v
+                                for k, v in row.items()} for row in rows], columns), ""]
+
+
 def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -> str:
     """The tables of ``result``; ``host_ns`` as for :func:`machine_for`, named in the count."""
     link_rows, run_rows = rows(result, host_ns)
@@ -580,25 +591,17 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
                    f"{statistics.median(drifts):+.1%}, from {min(drifts):+.1%} to "
                    f"{max(drifts):+.1%}.", ""]
     spread += grpc_timing_lines(result["links"]) + grpc_link_lines(result["links"])
-    timelines = timeline_rows(result, host_ns)
-    if timelines:
-        spread += ["Horovod's timeline on rank 0 against the forecast (ms per step; waited: the "
-                   "step less the forecast's compute and stragglers; whole: the forecast's "
-                   "exchange, overlapped or not; negotiation, the collectives and within "
-                   "them the transport and the copies: the timeline's):", "",
-                   table([{k: f"{v:.1f}" if isinstance(v, float) else v
-                           for k, v in row.items()} for row in timelines], TIMELINE_COLUMNS),
-                   ""]
-    splits = step_split_rows(result, host_ns)
-    if splits:
-        spread += ["Each run's step split by tfscale's exchange clock (rank 0's progress "
-                   "lines) against the forecast's terms (ms per step; exchange: what the "
-                   "steps waited for their gradients; rest: the step less that, against the "
-                   "forecast's compute and stragglers; an error above 0: the forecast's part "
-                   "is the longer):", "",
-                   table([{k: f"{v:.1f}" if isinstance(v, float) else v
-                           for k, v in row.items()} for row in splits], STEP_SPLIT_COLUMNS),
-                   ""]
+    spread += _ms_table(
+        "Horovod's timeline on rank 0 against the forecast (ms per step; waited: the step less "
+        "the forecast's compute and stragglers; whole: the forecast's exchange, overlapped or "
+        "not; negotiation, the collectives and within them the transport and the copies: the "
+        "timeline's):", timeline_rows(result, host_ns), TIMELINE_COLUMNS)
+    spread += _ms_table(
+        "Each run's step split by tfscale's exchange clock (rank 0's progress lines) against "
+        "the forecast's terms (ms per step; exchange: what the steps waited for their "
+        "gradients; rest: the step less that, against the forecast's compute and stragglers; "
+        "an error above 0: the forecast's part is the longer):",
+        step_split_rows(result, host_ns), STEP_SPLIT_COLUMNS)
     missing = [f"No timeline from {run['model']} {run['layout']}, round {run['round']}: "
                f"{run['timeline_error']}" for run in result["runs"] if "timeline_error" in run]
     spread += [*missing, ""] if missing else []
