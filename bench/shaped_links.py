@@ -538,6 +538,19 @@ def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
         return results
 
 
+def kept_of(result: dict[str, Any]) -> dict[str, Any]:
+    """What a set keeps of one run's :func:`train` result: its rates, its exchange's share of
+    the step (sets from 2026-12-06 afternoon on), what it ran, and its timeline if any."""
+    return {"images_per_sec": result["images_per_sec"],
+            "steady_images_per_sec": result["steady_images_per_sec"],
+            "steady_exchange_share": result.get("steady_exchange_share"),
+            "neighbour_images_per_sec": result.get("neighbour_images_per_sec"),
+            "step_time_ms": result.get("step_time_ms"),
+            "exchange": result.get("exchange"), "hosts": result.get("hosts"),
+            "num_workers": result["num_workers"],
+            **{key: result[key] for key in ("timeline", "timeline_error") if key in result}}
+
+
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
             layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
             figures: bool = False, bracketed: bool = False,
@@ -637,23 +650,16 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                 adjacent_to["figures"] = run_figures(model, layout)
             result = train(model, layout, timelines and layout.has_timeline)
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
-                         **adjacent_to,
-                         "images_per_sec": result["images_per_sec"],
-                         "steady_images_per_sec": result["steady_images_per_sec"],
-                         "neighbour_images_per_sec": result.get("neighbour_images_per_sec"),
-                         "step_time_ms": result.get("step_time_ms"),
-                         "exchange": result.get("exchange"), "hosts": result.get("hosts"),
-                         "num_workers": result["num_workers"],
-                         **{key: result[key] for key in ("timeline", "timeline_error")
-                            if key in result},
-                         "wall_s": time.monotonic() - start})
+                         **adjacent_to, **kept_of(result), "wall_s": time.monotonic() - start})
             if bracketed and layout.uses_link:
                 runs[-1]["after_baseline_images_per_sec"] = baseline(model, layout)
                 after = (model, layout.local, runs[-1]["after_baseline_images_per_sec"])
             print(f"[round {round_}] {gbit:g} Gbit/s {model} {layout.name}: "
                   f"{result['images_per_sec']:.1f} images/s, after the first interval "
-                  f"{result['steady_images_per_sec'] or float('nan'):.1f} "
-                  f"({result.get('exchange')})"
+                  f"{result['steady_images_per_sec'] or float('nan'):.1f}"
+                  + (f", exchange {result['steady_exchange_share']:.0%} of the step"
+                     if result.get("steady_exchange_share") is not None else "")
+                  + f" ({result.get('exchange')})"
                   + (f"; no timeline: {result['timeline_error']}"
                      if "timeline_error" in result else ""),
                   flush=True)

@@ -1290,6 +1290,12 @@ def test_shaped_link_runs_keep_the_share_of_their_steps_spent_waiting_for_the_ex
     # The first interval's 38% is left out, as its rate is; 4/25 of the time at 14%.
     assert steady_exchange_share(synthetic) == pytest.approx(
         (4 / 50 * 0.15 + 4 / 25 * 0.14) / (4 / 50 + 4 / 25))
+    # A set keeps it with each run (not only train()'s result).
+    from bench.shaped_links import kept_of
+
+    kept = kept_of({"images_per_sec": 30.0, "steady_images_per_sec": 33.3, "num_workers": 4,
+                    "steady_exchange_share": steady_exchange_share(synthetic)})
+    assert kept["steady_exchange_share"] == pytest.approx(0.1433, abs=1e-4)
     one = synthetic.replace(" (exchange 15%)", "")
     assert steady_exchange_share(one) is None
     assert steady_exchange_share(synthetic.replace(" (exchange 14%)", "").replace(
