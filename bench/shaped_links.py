@@ -56,7 +56,11 @@ and ranks per node), and is calibrated on the mean of the two: one 1-minute base
 landed in a slow minute made a forecast miss by 25% (the Zen 4's three rounds, 2026-12-02).
 With ``--horovod_timelines`` each Horovod run across nodes (horovod, ddl) also writes Horovod's
 timeline, and the set keeps rank 0's summed per activity (tfscale.exchange.horovod_timeline);
-the report sets it per step beside the forecast's exchange.
+the report sets it per step beside the forecast's exchange. Since 2026-12-06 afternoon each
+run also keeps the share of its step that tfscale's clock in the step found waiting for the
+exchange (rank 0's progress lines, ``exchange NN%``; :mod:`tfscale.exchange.timing`), and the
+report splits every run's step by it into the exchange and the rest, each beside the
+forecast's: a miss shows as the exchange's or the compute's.
 
     python -m bench.shaped_links [--rounds 2 --links 1,10,25 --adjacent_baselines
                                   --bracketed_baselines --adjacent_figures

@@ -882,6 +882,9 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # charged).
     ("shaped_links_2026-12-06_zen3_grpc_across.json", (), "4 of 4",
      "-4.5% (resnet50, 25 Gbit/s, 2x2 multiworker flat)"),
+    # The same layout with each run's exchange clock kept: its miss is the exchange's.
+    ("shaped_links_2026-12-06_zen3_step_split.json", (), "3 of 4",
+     "+11.7% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
@@ -1334,6 +1337,22 @@ def test_shaped_link_report_splits_each_step_by_the_exchange_clock_against_the_t
     assert len([line for line in after[header + 4:header + 12] if line.startswith("| mlp")
                 or line.startswith("| resnet50")]) == 8
     assert after[-1] == before[-1]  # the forecast's count is the same
+
+
+def test_the_kept_split_set_puts_its_miss_in_the_exchange() -> None:
+    """docs/FORECAST.md's split of the kept set that timed each run's exchange: mlp's miss at
+    25 Gbit/s is its exchange (charged 14.1% too little), not its compute (3.7%)."""
+    from bench.shaped_links_report import step_split_rows
+
+    kept = json.loads((ROOT / "docs" / "forecast" /
+                       "shaped_links_2026-12-06_zen3_step_split.json").read_text())
+    split = {(row["model"], row["link"]): row for row in step_split_rows(kept)}
+    assert len(split) == 4
+    miss = split["mlp", "25 Gbit/s"]
+    assert (miss["exchange error"], miss["rest error"]) == ("-14.1%", "-3.7%")
+    assert split["resnet50", "25 Gbit/s"]["exchange error"] == "+35.5%"
+    doc = (ROOT / "docs" / "FORECAST.md").read_text()
+    assert "| mlp | 25 Gbit/s | 122.8 | 79.9 | 68.6 | -14.1% | 42.9 | 41.3 | -3.7% |" in doc
 
 
 def test_shaped_link_report_charges_each_run_its_rounds_own_cast_and_transport_figures(
