@@ -75,6 +75,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -371,16 +372,53 @@ def grpc_ring_timings(models: tuple[str, ...] = tuple(MODELS),
                       count: int = GRPC_TIMINGS) -> dict[str, list[float]]:
     """Per model, ``count`` timings of gRPC's host nanoseconds per stack byte in the 2x2 flat
     ring's own topology at the model's gradient size (:func:`tfscale.cli.host_time.flat_ring`:
-    four workers on the host, each node's two on one core, no link between them), the models
-    taken in turn so that a slow stretch of the VM does not fall on one model's alone."""
+    four workers on the host, each node's two on one core, no link between them), in the
+    model's gradient tensors as its runs hand them over (:func:`gradient_tensors`; sets from
+    2026-12-06 evening on), the models taken in turn so that a slow stretch of the VM does
+    not fall on one model's alone."""
     from bench.common import gradient_bytes
     from tfscale.cli.host_time import flat_ring
 
     timings: dict[str, list[float]] = {model: [] for model in models}
     for _ in range(count):
         for model in models:
-            timings[model].append(flat_ring(gradient_bytes(model)))
+            timings[model].append(flat_ring(gradient_bytes(model),
+                                            tensors=gradient_tensors(model)))
     return timings
+
+
+_TENSORS = """
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import models
+from tfscale.config.train_config import TrainConfig
+model = models.MODELS.get(sys.argv[1])(TrainConfig(model=sys.argv[1], image_size=int(sys.argv[2])))
+print(json.dumps([int(weight.numpy().size) for weight in model.trainable_weights]))
+"""
+
+
+@functools.cache
+def gradient_tensors(model: str) -> tuple[int, ...]:
+    """The element counts of ``model``'s gradient tensors as its runs here build it (its
+    ``--image_size`` in :data:`MODELS`), in the order Keras hands them to the strategy; built
+    in a child process, which keeps TensorFlow out of this one.
+
+    Raises:
+        RuntimeError: when they do not hold the model's gradient bytes of the presets.
+    """
+    from bench.common import gradient_bytes
+
+    size = next(flag.split("=", 1)[1] for flag in MODELS[model]
+                if flag.startswith("--image_size="))
+    proc = subprocess.run([sys.executable, "-c", _TENSORS, model, size], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"counting {model}'s gradient tensors failed:\n{proc.stderr[-1500:]}")
+    counts = tuple(json.loads(proc.stdout.strip().splitlines()[-1]))
+    if 4 * sum(counts) != gradient_bytes(model):
+        raise RuntimeError(f"{model}'s {len(counts)} gradient tensors hold {4 * sum(counts)} "
+                           f"bytes, its presets {gradient_bytes(model)}")
+    return counts
 
 
 def median_figures(timings: dict[str, list[float]]) -> dict[str, float]:

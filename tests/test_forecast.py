@@ -721,11 +721,39 @@ def test_calibrate_times_grpc_in_its_flat_rings_topology_where_it_can(
     ns, how = calibrate.grpc_time(9_437_186)
     assert ns == 2.5 and "flat ring's topology" in how and "9437184 gradient bytes" in how
     assert commands[-1][-5:] == ["grpc", "9437184", "--seconds", "3.0", "--flat_ring"]
+    assert "as one tensor" in how
+    # In the model's gradient tensors, which the strategy packs and splits, where they hold
+    # its bytes; else as one tensor (a count the file's bytes do not match is not timed).
+    ns, how = calibrate.grpc_time(36, tensors=[4, 5])
+    assert commands[-1][-2:] == ["--tensors", "4,5"] and "in its 2 tensors, packed" in how
+    ns, how = calibrate.grpc_time(36, tensors=[4, 4])
+    assert "--tensors" not in commands[-1] and "as one tensor" in how
     monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {0})
     ns, how = calibrate.grpc_time(9_437_186)
     assert ns == 2.5 and "one core here" in how and "--flat_ring" not in commands[-1]
     with pytest.raises(SystemExit):
         host_time_command.main(["ring", "1024", "--flat_ring"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["grpc", "1024", "--tensors", "100,100"], "summing to NBYTES/4 = 256"),
+    (["grpc", "1024", "--tensors", "128,x"], "positive whole numbers"),
+    (["grpc", "1024", "--tensors", "0,256"], "positive whole numbers"),
+    (["ring", "1024", "--tensors", "128,128"], "--tensors goes with grpc"),
+])
+def test_host_times_tensor_list_is_checked_before_any_worker_starts(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tensors`` (a model's gradients' element counts) must hold NBYTES as float32 and
+    goes with gRPC only; the worker's own check says the same without TensorFlow."""
+    from tfscale.exchange.host_time import seconds_per_call
+
+    with pytest.raises(SystemExit):
+        host_time_command.main(argv)
+    assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="expected positive counts summing to 256"):
+        seconds_per_call("grpc", 1024, 1, [100, 100])
+    with pytest.raises(ValueError, match="the ring is timed on one tensor"):
+        seconds_per_call("ring", 1024, 1, [128, 128])
 
 
 @pytest.mark.slow
@@ -754,7 +782,11 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # multiworker's transports, timed on the idle core; the CLI's --strategy charges them.
     assert set(machine.transport_idle_s_per_byte) == {"ring", "grpc"}
     assert min(machine.transport_idle_s_per_byte.values()) > 0
-    assert (("gRPC collective in its flat ring's topology" if len(os.sched_getaffinity(0)) > 1
+    # Flatten 8x8x3, then three Dense layers' kernels and biases: six tensors, packed as a
+    # step packs them (real workers: tfscale.exchange.host_time through the strategy).
+    assert (("gRPC collective in its flat ring's topology (2 nodes of 2 ranks, each node's on "
+             f"one idle core, at the model's {figures.gradient_bytes} gradient bytes in its 6 "
+             "tensors, packed" if len(os.sched_getaffinity(0)) > 1
              else "one core here") in machine.raw["exchange"]["host_source"])
     rows = tmp_path / "rows.json"
     proc = subprocess.run(
@@ -1629,7 +1661,17 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
     # Per model, in the order timed: the round's start, then its end; one slow start.
     slow = {"mlp": iter([6.6, 2.2, 2.0, 2.4]), "resnet50": iter([18.3, 4.0, 5.6, 4.4])}
     sizes = {gradient_bytes(model): model for model in slow}
-    monkeypatch.setattr(tfscale.cli.host_time, "flat_ring", lambda n: next(slow[sizes[n]]))
+    # Each timed in the model's gradient tensors (as its runs hand them to the strategy).
+    tensors = {"mlp": (gradient_bytes("mlp") // 8,) * 2,
+               "resnet50": (gradient_bytes("resnet50") // 4,)}
+    monkeypatch.setattr(shaped_links, "gradient_tensors", tensors.__getitem__)
+
+    def flat_ring(nbytes: int, tensors: tuple[int, ...]) -> float:
+        assert 4 * sum(tensors) == nbytes and tensors == shaped_links.gradient_tensors(
+            sizes[nbytes])
+        return next(slow[sizes[nbytes]])
+
+    monkeypatch.setattr(tfscale.cli.host_time, "flat_ring", flat_ring)
     monkeypatch.setattr(shaped_links, "OUT", tmp_path)
     monkeypatch.setattr(shaped_links, "save", lambda *args: None)
     monkeypatch.setattr(shaped_links, "shape", lambda gbit: None)

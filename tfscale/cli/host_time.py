@@ -18,7 +18,11 @@ unit the forecast charges. Two workers on one core overstate gRPC's flat ring by
 mlp's size (docs/FORECAST.md, "gRPC's flat ring in its own topology").
 
     python -m tfscale.cli.host_time {ring,grpc} NBYTES [--seconds 3] [--busy]
-    python -m tfscale.cli.host_time grpc NBYTES --flat_ring
+    python -m tfscale.cli.host_time grpc NBYTES --flat_ring [--tensors N,N,...]
+
+gRPC's all-reduce is called as a training step calls it: the bytes in a list of tensors
+(``--tensors``: a model's gradients' element counts; by default one tensor), which the strategy
+packs into one, sums and splits; only one value of the sum is read back.
 
 ``tfscale.forecast --calibrate`` writes the ring's figure and gRPC's (in the flat ring's
 topology where the node has two cores) into a machine file; ``bench.transport_host_time``
@@ -47,21 +51,25 @@ _NS_PER_BYTE = 6.0  # gRPC's, roughly: sizes the workers' runs to about --second
 
 
 def measure(transport: str, nbytes: int, seconds: float = 3.0, busy: bool = False,
-            timeout_s: float = 300.0) -> float:
+            timeout_s: float = 300.0, tensors: Sequence[int] = ()) -> float:
     """Host nanoseconds per byte of an all-reduce of ``nbytes`` through ``transport`` between
-    two workers on one core (with a third process computing there when ``busy``).
+    two workers on one core (with a third process computing there when ``busy``); ``tensors``
+    as :func:`tfscale.exchange.host_time.seconds_per_call` takes them.
 
     Raises:
         ValueError: for a transport other than ``ring`` or ``grpc``.
         RuntimeError: when a worker fails, with the end of its error output.
     """
     core = min(os.sched_getaffinity(0))
-    return time_workers(transport, nbytes, [core, core], seconds, busy, timeout_s) / nbytes * 1e9
+    return time_workers(transport, nbytes, [core, core], seconds, busy, timeout_s,
+                        tensors) / nbytes * 1e9
 
 
-def flat_ring(nbytes: int, seconds: float = 3.0, timeout_s: float = 600.0) -> float:
+def flat_ring(nbytes: int, seconds: float = 3.0, timeout_s: float = 600.0,
+              tensors: Sequence[int] = ()) -> float:
     """Host nanoseconds per stack byte of gRPC's flat ring over two nodes of two ranks each
-    sharing a core (see the module's text), for an all-reduce of ``nbytes``.
+    sharing a core (see the module's text), for an all-reduce of ``nbytes`` (in ``tensors``,
+    a model's gradient tensors' element counts, where given).
 
     Raises:
         RuntimeError: with fewer than two cores to run on, or when a worker fails.
@@ -72,15 +80,17 @@ def flat_ring(nbytes: int, seconds: float = 3.0, timeout_s: float = 600.0) -> fl
                            f"cores; this process may use {cores}")
     per_call = time_workers("grpc", nbytes, [cores[rank // FLAT_RING_LOCAL] for rank in
                                              range(FLAT_RING_LOCAL * FLAT_RING_NODES)],
-                            seconds, timeout_s=timeout_s)
+                            seconds, timeout_s=timeout_s, tensors=tensors)
     return per_call / host_bytes(nbytes, "flat", FLAT_RING_LOCAL, FLAT_RING_NODES, "tcp") * 1e9
 
 
 def time_workers(transport: str, nbytes: int, cores: Sequence[int], seconds: float = 3.0,
-                 busy: bool = False, timeout_s: float = 300.0) -> float:
+                 busy: bool = False, timeout_s: float = 300.0,
+                 tensors: Sequence[int] = ()) -> float:
     """Seconds per all-reduce of ``nbytes`` through ``transport`` among ``len(cores)`` workers
     (the slowest's), worker ``i`` pinned to ``cores[i]``; with a process computing on the first
-    worker's core when ``busy``. ``ring`` takes two workers; ``grpc`` one ring over them all.
+    worker's core when ``busy``. ``ring`` takes two workers; ``grpc`` one ring over them all,
+    of the bytes in ``tensors`` where given (``seconds_per_call``).
 
     Raises:
         ValueError: for a transport other than ``ring`` or ``grpc``, or a ring not of two.
@@ -98,7 +108,8 @@ def time_workers(transport: str, nbytes: int, cores: Sequence[int], seconds: flo
                                           preexec_fn=_pinned(cores[0])))
         workers = [subprocess.Popen(
             [sys.executable, "-m", "tfscale.cli.host_time", "--worker", transport,
-             str(nbytes), "--calls", str(calls)],
+             str(nbytes), "--calls", str(calls),
+             *(["--tensors", ",".join(map(str, tensors))] if tensors else [])],
             env={**os.environ, **env}, preexec_fn=_pinned(core), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
             for core, env in zip(cores, tf_config_envs(len(cores)), strict=True)]
@@ -132,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flat_ring", action="store_true",
                         help="grpc only: time the flat ring of two nodes of two ranks, each "
                              "node's ranks on one core; prints ns per stack byte")
+    parser.add_argument("--tensors", default="",
+                        help="grpc only: the element counts of the float32 tensors NBYTES is "
+                             "in, comma-separated (a model's gradients, which the strategy "
+                             "packs into one and splits after the sum); default one tensor")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -141,21 +156,43 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--flat_ring times TensorFlow's gRPC ring on idle cores: it goes with "
                      f"grpc and without --busy, not {args.transport}"
                      + (" --busy" if args.busy else ""))
+    tensors = _counts(parser, args.tensors, args.transport, args.nbytes)
     if args.worker:
         command.import_tensorflow()
         print(json.dumps({"seconds_per_call": seconds_per_call(args.transport, args.nbytes,
-                                                               args.calls)}))
+                                                               args.calls, tensors)}))
         return 0
     if args.flat_ring:
         print(json.dumps({"transport": args.transport, "nbytes": args.nbytes,
                           "topology": f"{FLAT_RING_NODES} nodes x {FLAT_RING_LOCAL} ranks on "
                                       "one core each, one flat ring",
-                          "ns_per_stack_byte": flat_ring(args.nbytes, args.seconds)}))
+                          "tensors": len(tensors) or 1,
+                          "ns_per_stack_byte": flat_ring(args.nbytes, args.seconds,
+                                                         tensors=tensors)}))
         return 0
     print(json.dumps({"transport": args.transport, "nbytes": args.nbytes, "busy": args.busy,
                       "ns_per_byte": measure(args.transport, args.nbytes, args.seconds,
-                                             args.busy)}))
+                                             args.busy, tensors=tensors)}))
     return 0
+
+
+def _counts(parser: argparse.ArgumentParser, text: str, transport: str,
+            nbytes: int) -> list[int]:
+    """``--tensors``' element counts, checked against the transport and NBYTES."""
+    if not text:
+        return []
+    try:
+        counts = [int(count) for count in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or 4 * sum(counts) != nbytes:
+        parser.error(f"--tensors={text[:60]}{'...' if len(text) > 60 else ''}: expected "
+                     f"positive whole numbers, comma-separated, summing to NBYTES/4 = "
+                     f"{nbytes // 4}")
+    if transport != "grpc":
+        parser.error(f"--tensors goes with grpc (the strategy packs a tensor list), not "
+                     f"{transport}")
+    return counts
 
 
 if __name__ == "__main__":

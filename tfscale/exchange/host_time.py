@@ -3,20 +3,39 @@
 tfscale's ring as multiworker's cross-node phase calls it (``ring``:
 :func:`tfscale.exchange.cross_node.cross_node_sum`) or through TensorFlow's collective over the
 cluster's gRPC (``grpc``: what carries multiworker's flat ring, under
-``--node_exchange=collectives``)."""
+``--node_exchange=collectives``), called as Keras calls it in a training step: a list of
+gradient tensors handed to the strategy's all-reduce, which packs them into one tensor, sums
+it and splits the sum again."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
 TRANSPORTS = ("ring", "grpc")
 
 
-def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
+def seconds_per_call(transport: str, nbytes: int, calls: int,
+                     tensors: Sequence[int] = ()) -> float:
     """One of the workers TF_CONFIG names (two for ``ring``; any number for ``grpc``, one
     ring over all of them): seconds per all-reduce of ``nbytes`` through ``transport`` over
-    ``calls`` calls, after a warm-up call whose sum is checked."""
+    ``calls`` calls, after a warm-up call whose sum is checked. ``tensors`` (``grpc``): the
+    element counts of the float32 tensors the bytes are in, a model's gradients in the order
+    Keras hands them over (their packing and splitting are part of the call); by default one
+    tensor.
+
+    Raises:
+        ValueError: for ``tensors`` that do not hold ``nbytes``, or given for ``ring``.
+    """
+    counts = list(tensors) or [nbytes // 4]
+    if 4 * sum(counts) != nbytes or min(counts) < 1:
+        raise ValueError(f"tensors of {sum(counts)} float32 values in all do not hold the "
+                         f"{nbytes} bytes to all-reduce (expected positive counts summing "
+                         f"to {nbytes // 4})")
+    if transport == "ring" and len(counts) > 1:
+        raise ValueError("the ring is timed on one tensor: its phase takes the step's "
+                         f"gradients as one, not {len(counts)} tensors")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -31,33 +50,34 @@ def seconds_per_call(transport: str, nbytes: int, calls: int) -> float:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank, workers = parse_tf_config(os.environ["TF_CONFIG"])
     size = len(workers)
+    values = [tf.fill([count], float(rank + 1)) for count in counts]
     if transport == "ring":
         hosts = [worker.rsplit(":", 1)[0] for worker in workers]
         ring = cross_node.open_cross_node_ring(
             Topology(((0,), (1,)), rank), hosts, 1,
             lambda values: process_sum(strategy, 2, values), 120.0)
         cross_sum = cross_node.cross_node_sum(ring)
+
+        def summed() -> list[tf.Tensor]:
+            return [cross_sum(values[0], "tfscale.exchange.host_time")]
     else:
-        def cross_sum(chunk: tf.Tensor, tag: str) -> tf.Tensor:
-            return tf.raw_ops.CollectiveReduceV2(
-                input=chunk, group_size=size, group_key=0x3A000000, instance_key=0x3B000000,
-                ordering_token=[], merge_op="Add", final_op="Id", communication_hint="ring")
-    values = tf.fill([nbytes // 4], float(rank + 1))
+        def summed() -> list[tf.Tensor]:
+            # multiworker's flat exchange: Keras 3's optimizer hands the gradient list to the
+            # replica context's all-reduce (tfscale.strategies.keras_multiworker).
+            return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, values))
 
-    @tf.function
-    def once() -> tf.Tensor:
-        return cross_sum(values, "tfscale.exchange.host_time")
+    # The sum stays where a training step keeps it, in TensorFlow's memory: the timed calls
+    # read back one value. Reading all of it into NumPy added a host copy that no step makes:
+    # 20-30% of resnet50's call (docs/FORECAST.md, "gRPC's host figure as a step calls it").
+    once = tf.function(summed)
+    timed = tf.function(lambda: summed()[0][:1])
 
-    @tf.function
-    def timed() -> tf.Tensor:
-        # The sum stays where training keeps it, in TensorFlow's memory: only its first value
-        # comes back. Reading all of it into NumPy added a host copy that no training step
-        # makes, 20-30% of resnet50's call (docs/FORECAST.md, "The host figure's read-back").
-        return cross_sum(values, "tfscale.exchange.host_time")[:1]
-
-    got = once().numpy()  # warm-up: connections, buffers; the whole sum checked
-    if got[0] != size * (size + 1) / 2 or got[-1] != got[0]:
-        raise RuntimeError(f"the sum of 1 to {size} came back as {got[0]}, {got[-1]}")
+    want = size * (size + 1) / 2
+    for got in once():  # warm-up: connections, buffers; the whole sum checked
+        ends = got.numpy()[[0, -1]]
+        if ends[0] != want or ends[1] != want:
+            raise RuntimeError(f"the sum of 1 to {size} came back as {ends[0]}, {ends[1]}")
     timed().numpy()  # its own trace, outside the timing
     start = time.perf_counter()
     for _ in range(calls):

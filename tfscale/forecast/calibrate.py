@@ -49,11 +49,14 @@ from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES
 from tfscale.training.files import write_json_atomic
 
 SYNTHETIC = "synthetic"
+# Prints the saved model's trainable weights' element counts (a JSON list, in the order Keras
+# hands their gradients to the strategy), then their bytes.
 _COUNT_GRADIENT_BYTES = """
-import os, sys
+import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras, numpy
 model = keras.saving.load_model(sys.argv[1], compile=False)
+print(json.dumps([int(numpy.prod(w.shape)) for w in model.trainable_weights]))
 print(sum(int(numpy.prod(w.shape)) * numpy.dtype(w.dtype).itemsize
           for w in model.trainable_weights))
 """
@@ -190,31 +193,40 @@ def host_time(nbytes: int = 16 * 2**20, seconds: float = 3.0,
 
 
 def transport_time(transport: str, nbytes: int = 16 * 2**20, seconds: float = 3.0,
-                   timeout_s: int = 300, flat_ring: bool = False) -> float:
+                   timeout_s: int = 300, flat_ring: bool = False,
+                   tensors: Sequence[int] = ()) -> float:
     """Idle host nanoseconds per byte of a two-worker all-reduce on one core through
     multiworker's ``transport`` ("ring" or "grpc"): :mod:`tfscale.cli.host_time`, in a
     child process, as :func:`host_time` times raw TCP; with ``flat_ring`` (gRPC), per stack
-    byte of the flat ring in its own topology."""
+    byte of the flat ring in its own topology; gRPC's bytes in ``tensors`` where given."""
     out = _run([sys.executable, "-m", "tfscale.cli.host_time", transport, str(nbytes),
-                "--seconds", str(seconds), *(["--flat_ring"] if flat_ring else [])], timeout_s)
+                "--seconds", str(seconds), *(["--flat_ring"] if flat_ring else []),
+                *(["--tensors", ",".join(map(str, tensors))] if tensors else [])], timeout_s)
     figure = "ns_per_stack_byte" if flat_ring else "ns_per_byte"
     return float(json.loads(out.strip().splitlines()[-1])[figure])
 
 
-def grpc_time(nbytes: int, seconds: float = 3.0, timeout_s: int = 600) -> tuple[float, str]:
+def grpc_time(nbytes: int, seconds: float = 3.0, timeout_s: int = 600,
+              tensors: Sequence[int] = ()) -> tuple[float, str]:
     """Idle host nanoseconds per stack byte of gRPC's flat ring, timed in its own topology
     (``python -m tfscale.cli.host_time grpc NBYTES --flat_ring``) where this process may use
     two cores, else per byte between two workers on one core (:func:`transport_time`); with
-    the words that say which, for the file's source."""
+    the words that say which, for the file's source. ``tensors``, the model's gradients'
+    element counts: the ring's call sums them as a step does, packed into one and split after
+    (only where they hold all of ``nbytes`` as float32)."""
     nbytes = max(4, nbytes // 4 * 4)
     if len(os.sched_getaffinity(0)) < FLAT_RING_NODES:
         return transport_time("grpc", seconds=seconds), (
             "TensorFlow's gRPC collective between two workers on the idle core (16 MiB; one "
             "core here: not in the flat ring's topology, about 1.5x too high for it)")
-    return transport_time("grpc", nbytes, seconds, timeout_s, flat_ring=True), (
+    packed = list(tensors) if 4 * sum(tensors) == nbytes else []
+    return transport_time("grpc", nbytes, seconds, timeout_s, flat_ring=True,
+                          tensors=packed), (
         f"TensorFlow's gRPC collective in its flat ring's topology ({FLAT_RING_NODES} nodes of "
         f"{FLAT_RING_LOCAL} ranks, each node's on one idle core, at the model's {nbytes} "
-        "gradient bytes; per byte through the network stack)")
+        + (f"gradient bytes in its {len(packed)} tensors, packed and split as a step's"
+           if packed else "gradient bytes as one tensor")
+        + "; per byte through the network stack)")
 
 
 def cast_time(nbytes: int, seconds: float = 2.0, timeout_s: int = 120) -> float:
@@ -280,14 +292,15 @@ def measure(model: str, batch_size: int, precision: str, steps: int,
         compute, log = _train([*common, f"--dataset={SYNTHETIC}", "--log_every=1"],
                               Path(tmp) / "compute", timeout_s)
         saved = Path(tmp) / "compute" / "model.keras"
-        gradient_bytes = int(_run([sys.executable, "-c", _COUNT_GRADIENT_BYTES, str(saved)],
-                                  timeout_s).strip().splitlines()[-1])
+        counted = _run([sys.executable, "-c", _COUNT_GRADIENT_BYTES, str(saved)],
+                       timeout_s).strip().splitlines()
+        tensors, gradient_bytes = json.loads(counted[-2]), int(counted[-1])
         dataset = _dataset(train_flags)
         pipeline = None
         if dataset not in (None, SYNTHETIC):
             pipeline = _train(common, Path(tmp) / "pipeline", timeout_s)[0]["images_per_sec"]
     idle_ns, busy_ns = host_time(seconds=seconds)
-    grpc_ns, grpc_how = grpc_time(gradient_bytes, seconds)
+    grpc_ns, grpc_how = grpc_time(gradient_bytes, seconds, tensors=tensors)
     by_transport = {"ring": transport_time("ring", seconds=seconds), "grpc": grpc_ns}
     cast_ns = cast_time(gradient_bytes, min(seconds, 2.0))
     spread = step_cv(log, batch_size)
