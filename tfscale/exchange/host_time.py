@@ -69,7 +69,7 @@ def seconds_per_call(transport: str, nbytes: int, calls: int,
 
     # The sum stays where a training step keeps it, in TensorFlow's memory: the timed calls
     # read back one value. Reading all of it into NumPy added a host copy that no step makes:
-    # 20-30% of resnet50's call (docs/FORECAST.md, "gRPC's host figure as a step calls it").
+    # 16-22% of resnet50's call (docs/FORECAST.md, "gRPC's host figure as a step calls it").
     once = tf.function(summed)
     timed = tf.function(lambda: summed()[0][:1])
 
