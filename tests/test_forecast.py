@@ -785,7 +785,7 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
     # Flatten 8x8x3, then three Dense layers' kernels and biases: six tensors, packed as a
     # step packs them (real workers: tfscale.exchange.host_time through the strategy).
     assert (("gRPC collective in its flat ring's topology (2 nodes of 2 ranks, each node's on "
-             f"one idle core, at the model's {figures.gradient_bytes} gradient bytes in its 6 "
+             f"one idle core, at the model's {int(figures.gradient_bytes)} gradient bytes in its 6 "
              "tensors, packed" if len(os.sched_getaffinity(0)) > 1
              else "one core here") in machine.raw["exchange"]["host_source"])
     rows = tmp_path / "rows.json"
