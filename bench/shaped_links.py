@@ -561,10 +561,11 @@ def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
         found = [json.loads((Path(tmp) / f"run{i}" / "results.json").read_text())
                  for i in range(len(procs))]
         results: dict[str, Any] = found[0]
-        results["steady_images_per_sec"] = steady_rate(rank0_text(outputs[0][0]))
+        rank0 = rank0_text(outputs[0][0])
+        results["steady_images_per_sec"] = steady_rate(rank0)
         # Rank 0's: the step's own exchange, set against the forecast's (sets from
         # 2026-12-06 afternoon on; shaped_links_report.step_split_rows).
-        results["steady_exchange_share"] = steady_exchange_share(rank0_text(outputs[0][0]))
+        results["steady_exchange_share"] = steady_exchange_share(rank0)
         if len(found) > 1:
             results["neighbour_images_per_sec"] = (steady_rate(outputs[1][0])
                                                    or found[1]["images_per_sec"])
