@@ -739,20 +739,21 @@ def test_calibrate_times_grpc_in_its_flat_rings_topology_where_it_can(
     (["grpc", "1024", "--tensors", "100,100"], "summing to NBYTES/4 = 256"),
     (["grpc", "1024", "--tensors", "128,x"], "positive whole numbers"),
     (["grpc", "1024", "--tensors", "0,256"], "positive whole numbers"),
-    (["ring", "1024", "--tensors", "128,128"], "--tensors goes with grpc"),
+    (["ring", "1024", "--tensors", "128,128"], "--tensors=128,128: goes with grpc"),
+    (["ring", "1024", "--tensors", "256"], "not ring"),
 ])
 def test_host_times_tensor_list_is_checked_before_any_worker_starts(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     """``--tensors`` (a model's gradients' element counts) must hold NBYTES as float32 and
-    goes with gRPC only; the worker's own check says the same without TensorFlow."""
+    goes with gRPC only; the worker checks the same, before it imports TensorFlow."""
     from tfscale.exchange.host_time import seconds_per_call
 
     with pytest.raises(SystemExit):
         host_time_command.main(argv)
     assert message in capsys.readouterr().err
-    with pytest.raises(ValueError, match="expected positive counts summing to 256"):
+    with pytest.raises(ValueError, match="summing to NBYTES/4 = 256 .*not 2 summing to 200"):
         seconds_per_call("grpc", 1024, 1, [100, 100])
-    with pytest.raises(ValueError, match="the ring is timed on one tensor"):
+    with pytest.raises(ValueError, match="goes with grpc .*not ring"):
         seconds_per_call("ring", 1024, 1, [128, 128])
 
 

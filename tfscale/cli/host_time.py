@@ -42,7 +42,7 @@ from typing import Any
 
 from tfscale.cli import command
 from tfscale.cluster.environment import tf_config_envs
-from tfscale.exchange.host_time import TRANSPORTS, seconds_per_call
+from tfscale.exchange.host_time import TRANSPORTS, seconds_per_call, tensor_counts
 from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES, host_bytes
 
 _BURN = ("import numpy as np\na = np.random.rand(256, 256)\n"
@@ -178,21 +178,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _counts(parser: argparse.ArgumentParser, text: str, transport: str,
             nbytes: int) -> list[int]:
-    """``--tensors``' element counts, checked against the transport and NBYTES."""
+    """``--tensors``' element counts (none when not given), checked as the workers take them
+    (:func:`tfscale.exchange.host_time.tensor_counts`)."""
     if not text:
         return []
+    shown = f"--tensors={text[:60]}{'...' if len(text) > 60 else ''}"
     try:
         counts = [int(count) for count in text.split(",")]
     except ValueError:
-        counts = []
-    if not counts or min(counts) < 1 or 4 * sum(counts) != nbytes:
-        parser.error(f"--tensors={text[:60]}{'...' if len(text) > 60 else ''}: expected "
-                     f"positive whole numbers, comma-separated, summing to NBYTES/4 = "
-                     f"{nbytes // 4}")
-    if transport != "grpc":
-        parser.error(f"--tensors goes with grpc (the strategy packs a tensor list), not "
-                     f"{transport}")
-    return counts
+        parser.error(f"{shown}: expected positive whole numbers, comma-separated, summing to "
+                     f"NBYTES/4 = {nbytes // 4}")
+    try:
+        return tensor_counts(transport, nbytes, counts)
+    except ValueError as error:
+        parser.error(f"{shown}: {error}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,27 @@ from collections.abc import Sequence
 TRANSPORTS = ("ring", "grpc")
 
 
+def tensor_counts(transport: str, nbytes: int, tensors: Sequence[int] = ()) -> list[int]:
+    """The element counts of the float32 tensors an all-reduce of ``nbytes`` through
+    ``transport`` is timed in: ``tensors`` where given (``grpc`` only: the strategy packs a
+    tensor list; the ring's phase takes the step's gradients as one), else one tensor. The
+    host-time command checks its ``--tensors`` here before any worker starts.
+
+    Raises:
+        ValueError: for ``tensors`` given for ``ring``, or not positive counts that sum to
+            ``nbytes`` / 4.
+    """
+    if tensors and transport != "grpc":
+        raise ValueError(f"goes with grpc (the strategy packs a tensor list), not {transport}: "
+                         "the ring's phase takes the step's gradients as one tensor")
+    counts = list(tensors) or [nbytes // 4]
+    if min(counts) < 1 or 4 * sum(counts) != nbytes:
+        raise ValueError(f"expected positive whole numbers summing to NBYTES/4 = "
+                         f"{nbytes // 4} (float32 values), not {len(counts)} summing to "
+                         f"{sum(counts)}")
+    return counts
+
+
 def seconds_per_call(transport: str, nbytes: int, calls: int,
                      tensors: Sequence[int] = ()) -> float:
     """One of the workers TF_CONFIG names (two for ``ring``; any number for ``grpc``, one
@@ -26,16 +47,9 @@ def seconds_per_call(transport: str, nbytes: int, calls: int,
     tensor.
 
     Raises:
-        ValueError: for ``tensors`` that do not hold ``nbytes``, or given for ``ring``.
+        ValueError: as :func:`tensor_counts`.
     """
-    counts = list(tensors) or [nbytes // 4]
-    if 4 * sum(counts) != nbytes or min(counts) < 1:
-        raise ValueError(f"tensors of {sum(counts)} float32 values in all do not hold the "
-                         f"{nbytes} bytes to all-reduce (expected positive counts summing "
-                         f"to {nbytes // 4})")
-    if transport == "ring" and len(counts) > 1:
-        raise ValueError("the ring is timed on one tensor: its phase takes the step's "
-                         f"gradients as one, not {len(counts)} tensors")
+    counts = tensor_counts(transport, nbytes, tensors)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
