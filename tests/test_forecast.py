@@ -924,6 +924,11 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # And timed in the model's gradient tensors, packed by the strategy as a step's are.
     ("shaped_links_2026-12-06_zen3_packed.json", (), "3 of 4",
      "+12.1% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    # The same with each run's figures timed just before it, and from the round's.
+    ("shaped_links_2026-12-06_zen3_adjacent_figures.json", (), "4 of 4",
+     "+9.2% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    ("shaped_links_2026-12-06_zen3_adjacent_figures.json", ("--round_figures",), "4 of 4",
+     "+8.5% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
@@ -1410,6 +1415,9 @@ def test_the_sets_timed_as_a_step_calls_grpc_split_as_documented() -> None:
             ("shaped_links_2026-12-06_zen3_packed.json", ["-0.7%", "-6.2%", "+6.3%", "+21.3%"],
              ["-3.8%", "-19.1%", "+3.3%", "+2.0%"],
              "| mlp | 25 Gbit/s | 116.3 | 75.0 | 70.4 | -6.2% | 41.3 | 33.4 | -19.1% |"),
+            ("shaped_links_2026-12-06_zen3_adjacent_figures.json",
+             ["-1.9%", "-11.8%", "+12.5%", "-4.7%"], ["-6.1%", "-2.1%", "-1.3%", "+4.8%"],
+             "| resnet50 | 25 Gbit/s | 5,654 | 1,075 | 1,024 | -4.7% | 4,579 | 4,800 | +4.8% |"),
     ):
         split = step_split_rows(json.loads((ROOT / "docs" / "forecast" / kept).read_text()))
         assert [row["exchange error"] for row in split] == exchange
