@@ -929,6 +929,11 @@ def _kept_report(kept: str, *args: str) -> list[str]:
      "+9.2% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
     ("shaped_links_2026-12-06_zen3_adjacent_figures.json", ("--round_figures",), "4 of 4",
      "+8.5% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    # Both of multiworker's layouts in one round, each run's figures timed just before it.
+    ("shaped_links_2026-12-06_zen3_both_layouts.json", (), "6 of 8",
+     "+22.0% (mlp, 25 Gbit/s, 2x2 multiworker hierarchical)"),
+    ("shaped_links_2026-12-06_zen3_both_layouts.json", ("--round_figures",), "6 of 8",
+     "+27.3% (mlp, 25 Gbit/s, 2x2 multiworker hierarchical)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
