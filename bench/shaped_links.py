@@ -597,7 +597,8 @@ def kept_of(result: dict[str, Any]) -> dict[str, Any]:
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
             layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
             figures: bool = False, bracketed: bool = False,
-            timelines: bool = False, grpc_across: bool = False) -> dict[str, Any]:
+            timelines: bool = False, grpc_across: bool = False,
+            models: tuple[str, ...] = tuple(MODELS)) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
     ``earlier`` (a saved result), its rounds are kept and these continue their count.
     ``layouts``: the two-node runs (the one-node runs always run, for their baselines).
@@ -614,16 +615,21 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     also writes Horovod's timeline, kept summed per activity (:func:`train`). ``grpc_across``:
     each link's row also times gRPC's flat ring across it, as multiworker's 2x2 flat runs
     cross (``"grpc_flat"``: TensorFlow's gRPC ring over the four ranks, each node's two on its
-    one core, at each model's gradient size, ``bench.grpc_link_time.link_row``)."""
+    one core, at each model's gradient size, ``bench.grpc_link_time.link_row``).
+    ``models``: the models whose runs, baselines and figures the set takes (an ``--append``
+    keeps the saved result's); mlp's took two fifths of a set of both on the Zen 3."""
     OUT.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = list(earlier["runs"]) if earlier else []
     link_rows: list[dict[str, Any]] = list(earlier["links"]) if earlier else []
     first = 1 + max((r["round"] for r in runs), default=-1)
-    cases = [(gbit, model, layout) for gbit in links for model in MODELS for layout in layouts]
-    cases += [(0.0, model, layout) for model in MODELS for layout in ONE_NODE]
+    if earlier:
+        models = tuple(earlier["models"])
+    cases = [(gbit, model, layout) for gbit in links for model in models for layout in layouts]
+    cases += [(0.0, model, layout) for model in models for layout in ONE_NODE]
     # "when" is the set's first start (an --append keeps it); each round notes its own.
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    header = {"cpu": cpu_description(), "rounds": first + rounds, "models": MODELS,
+    header = {"cpu": cpu_description(), "rounds": first + rounds,
+              "models": {model: MODELS[model] for model in models},
               "when": earlier.get("when", now) if earlier else now}
     # gRPC's flat-ring figure is charged to multiworker's flat runs only.
     times_grpc = any(layout.strategy == "multiworker" and layout.algorithm == "flat"
@@ -639,12 +645,12 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         # model and ranks per node (then nothing else runs between the two).
         after: tuple[str, int, tuple[float, float | None]] | None = None
         shape(0)
-        grpc_ring = grpc_ring_timings() if times_grpc else {}
+        grpc_ring = grpc_ring_timings(models) if times_grpc else {}
         link_rows.append({"round": round_, "gbit": 0.0,
                           "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                           "in_node": in_node_figures(),
                           "in_node_ring": in_node_figures("--horovod"),
-                          "cast_ns_per_byte": cast_figures(),
+                          "cast_ns_per_byte": cast_figures(models),
                           "idle_ns_per_byte": idle_figures(IDLE_BYTES),
                           "grpc_ring_timings": grpc_ring,
                           "grpc_ring_ns_per_stack_byte": median_figures(grpc_ring)})
@@ -657,7 +663,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                 # (bench.shaped_links_report.CHARGED_CROSS_CALLS).
                 from bench.grpc_link_time import link_row
 
-                link_rows[-1]["grpc_flat"] = link_row(tuple(MODELS))
+                link_rows[-1]["grpc_flat"] = link_row(models)
             if any(layout.transport == "gloo" for layout in layouts):
                 link_rows[-1]["flat_grouped_gloo"] = gloo_call_figures()
             timed = link_rows[-1]
@@ -713,7 +719,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             # one ran 3x slow (the Zen 3, 2026-12-03). The round's figure is the median of all
             # its timings; each is kept.
             shape(0)
-            ends = grpc_ring_timings()
+            ends = grpc_ring_timings(models)
             for model, values in ends.items():
                 grpc_ring[model].extend(values)
             node_row["grpc_ring_ns_per_stack_byte"] = median_figures(grpc_ring)
@@ -733,6 +739,9 @@ def main() -> int:
                              "run's; e.g. a kept one in docs/forecast/)")
     parser.add_argument("--append", action="store_true",
                         help="add --rounds rounds to the saved result (its links only)")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated models to measure (default: {','.join(MODELS)}): "
+                             "their runs, baselines and figures; the others' are left out")
     parser.add_argument("--layouts", default="",
                         help="comma-separated two-node runs to measure (default: all; e.g. "
                              "'2x2 hierarchical,2x2 multiworker hierarchical')")
@@ -790,6 +799,13 @@ def main() -> int:
         parser.error(f"--layouts: {', '.join(map(repr, unknown))} not among "
                      f"{', '.join(by_name)}")
     layouts = tuple(by_name[name] for name in wanted) or ACROSS
+    models = tuple(name.strip() for name in args.models.split(",") if name.strip())
+    if not models or any(name not in MODELS for name in models):
+        parser.error(f"--models={args.models!r}: expected a comma-separated list of "
+                     f"{', '.join(MODELS)}")
+    if args.models != ",".join(MODELS) and (args.report or args.append):
+        parser.error("--models chooses what a new measurement runs; --report tabulates, and "
+                     "--append continues, every model of the saved result")
     if not args.report:
         earlier = json.loads((OUT / "shaped_links.json").read_text()) if args.append else None
         with two_nodes():
@@ -797,7 +813,7 @@ def main() -> int:
                                          args.rounds, earlier, layouts,
                                          args.adjacent_baselines, args.adjacent_figures,
                                          args.bracketed_baselines, args.horovod_timelines,
-                                         args.grpc_across))
+                                         args.grpc_across, models))
     from bench.shaped_links_report import report
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the
