@@ -500,26 +500,51 @@ def step_split_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None 
     step: the measured step split by that clock into the exchange the steps waited for and the
     rest, each beside the forecast's (its exposed exchange; its compute and stragglers, the
     compute being the run's one-node baseline step less the forecast's own exchange of that
-    node), and each part's error: a forecast error shows as the exchange's or the rest's."""
+    node), and each part's error: a forecast error shows as the exchange's or the rest's.
+
+    A rank that finishes its backward pass before the slowest rank of another node waits for
+    it inside its exchange, so the clock holds that wait, which the forecast counts in its
+    rest (its stragglers, and its compute where the baseline's slowest rank set it). Where the
+    round's one-node run with the run's ranks per node kept its clock too, the row also gives
+    the node's rest (the baseline's step less the exchange share of that run's clock: the
+    node's compute, no node to wait for), and reads the clock against the forecast's exchange
+    plus what its rest holds beyond the node's (``exchange + wait error``), and the run's rest
+    against the node's (``rest against node``: below 0, the run computed slower than its
+    baseline)."""
     out = []
+    node_share = {(run["round"], run["model"], run["layout"]):
+                  run.get("steady_exchange_share") or 0.0  # one process exchanges nothing
+                  for run in result["runs"] if not run["gbit"]}
+    layouts = _layouts()
+    runs = _by_round(result)
     for run, step, row in forecast_runs(
             result, lambda run: run.get("steady_exchange_share") is not None, host_ns):
         model, gbit, r, share = run["model"], run["gbit"], run["round"], \
             run["steady_exchange_share"]
         exchange, rest = share * step, (1 - share) * step
         forecast_rest = row.terms_ms["compute"] + row.terms_ms["stragglers"]
+        local = layouts[run["layout"]].local
+        node = node_rate(run, runs[r], model, local)
+        shared = node_share.get((r, model, f"1x{local}"))
+        wait: dict[str, Any] = {}
+        if node and shared is not None and (local == 1 or shared > 0):
+            node_rest = local * batch_of(result["models"][model]) / node * 1e3 * (1 - shared)
+            waited = row.exchange_ms + forecast_rest - node_rest
+            wait = {"node rest": node_rest,
+                    "exchange + wait error": f"{waited / exchange - 1:+.1%}",
+                    "rest against node": f"{node_rest / rest - 1:+.1%}"}
         out.append({"model": model, "link": f"{gbit:g} Gbit/s", "run": run["layout"],
                     "round": r, "step": step, "forecast step": row.step_ms,
                     "exchange": exchange, "forecast exchange": row.exchange_ms,
                     "exchange error": f"{row.exchange_ms / exchange - 1:+.1%}",
                     "rest": rest, "forecast rest": forecast_rest,
-                    "rest error": f"{forecast_rest / rest - 1:+.1%}"})
+                    "rest error": f"{forecast_rest / rest - 1:+.1%}", **wait})
     return sorted(out, key=lambda row: (row["model"], row["link"], row["run"], row["round"]))
 
 
 STEP_SPLIT_COLUMNS = ["model", "link", "run", "round", "step", "forecast step", "exchange",
                       "forecast exchange", "exchange error", "rest", "forecast rest",
-                      "rest error"]
+                      "rest error", "node rest", "exchange + wait error", "rest against node"]
 
 
 def grpc_timing_lines(link_rows: list[dict[str, Any]]) -> list[str]:
@@ -600,7 +625,10 @@ def report(result: dict[str, Any], host_ns: Mapping[str, float] | None = None) -
         "Each run's step split by tfscale's exchange clock (rank 0's progress lines) against "
         "the forecast's terms (ms per step; exchange: what the steps waited for their "
         "gradients; rest: the step less that, against the forecast's compute and stragglers; "
-        "an error above 0: the forecast's part is the longer):",
+        "an error above 0: the forecast's part is the longer; node rest: the one-node "
+        "baseline's step less its own clock's exchange; exchange + wait: the forecast's "
+        "exchange and its rest beyond the node's, which a rank waits for inside its exchange, "
+        "against the clock; rest against node: the node's rest against the run's):",
         step_split_rows(result, host_ns), STEP_SPLIT_COLUMNS)
     missing = [f"No timeline from {run['model']} {run['layout']}, round {run['round']}: "
                f"{run['timeline_error']}" for run in result["runs"] if "timeline_error" in run]
