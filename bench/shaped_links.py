@@ -594,6 +594,10 @@ def kept_of(result: dict[str, Any]) -> dict[str, Any]:
             **{key: result[key] for key in ("timeline", "timeline_error") if key in result}}
 
 
+#: A one-node baseline: (its images/s, the other node's), and its exchange's share of the step.
+Baseline = tuple[tuple[float, float | None], float | None]
+
+
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
             layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
             figures: bool = False, bracketed: bool = False,
@@ -634,16 +638,16 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     # gRPC's flat-ring figure is charged to multiworker's flat runs only.
     times_grpc = any(layout.strategy == "multiworker" and layout.algorithm == "flat"
                      for layout in layouts)
-    def baseline(model: str, layout: Layout) -> tuple[float, float | None]:
+    def baseline(model: str, layout: Layout) -> Baseline:
         one_node = next(one for one in ONE_NODE if one.local == layout.local)
         result = train(model, one_node)
-        return (result["steady_images_per_sec"] or result["images_per_sec"],
-                result.get("neighbour_images_per_sec"))
+        return ((result["steady_images_per_sec"] or result["images_per_sec"],
+                 result.get("neighbour_images_per_sec")), result.get("steady_exchange_share"))
 
     for round_ in range(first, first + rounds):
         # The baseline just run after a two-node run, kept for the next if it has the same
         # model and ranks per node (then nothing else runs between the two).
-        after: tuple[str, int, tuple[float, float | None]] | None = None
+        after: tuple[str, int, Baseline] | None = None
         shape(0)
         grpc_ring = grpc_ring_timings(models) if times_grpc else {}
         link_rows.append({"round": round_, "gbit": 0.0,
@@ -691,7 +695,10 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             start = time.monotonic()
             adjacent_to: dict[str, Any] = {}
             if adjacent and layout.uses_link:
-                adjacent_to["baseline_images_per_sec"] = (
+                # The baseline's exchange share (sets from 2026-12-07 on): the node's own rest
+                # for the report's split (bench.shaped_links_report.step_split_rows).
+                (adjacent_to["baseline_images_per_sec"],
+                 adjacent_to["baseline_exchange_share"]) = (
                     after[2] if after and after[:2] == (model, layout.local)
                     else baseline(model, layout))
             after = None
@@ -701,8 +708,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
                          **adjacent_to, **kept_of(result), "wall_s": time.monotonic() - start})
             if bracketed and layout.uses_link:
-                runs[-1]["after_baseline_images_per_sec"] = baseline(model, layout)
-                after = (model, layout.local, runs[-1]["after_baseline_images_per_sec"])
+                after = (model, layout.local, baseline(model, layout))
+                runs[-1]["after_baseline_images_per_sec"] = after[2][0]
             print(f"[round {round_}] {gbit:g} Gbit/s {model} {layout.name}: "
                   f"{result['images_per_sec']:.1f} images/s, after the first interval "
                   f"{result['steady_images_per_sec'] or float('nan'):.1f}"

@@ -505,12 +505,12 @@ def step_split_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None 
     A rank that finishes its backward pass before the slowest rank of another node waits for
     it inside its exchange, so the clock holds that wait, which the forecast counts in its
     rest (its stragglers, and its compute where the baseline's slowest rank set it). Where the
-    round's one-node run with the run's ranks per node kept its clock too, the row also gives
-    the node's rest (the baseline's step less the exchange share of that run's clock: the
-    node's compute, no node to wait for), and reads the clock against the forecast's exchange
-    plus what its rest holds beyond the node's (``exchange + wait error``), and the run's rest
-    against the node's (``rest against node``: below 0, the run computed slower than its
-    baseline)."""
+    run's baseline kept its clock (``baseline_exchange_share``, sets from 2026-12-07 on), or
+    else the round's one-node run with the run's ranks per node, the row also gives the node's
+    rest (the baseline's step less the exchange share of that clock: the node's compute, no
+    node to wait for), and reads the clock against the forecast's exchange plus what its rest
+    holds beyond the node's (``exchange + wait error``), and the run's rest against the node's
+    (``rest against node``: below 0, the run computed slower than its baseline)."""
     out = []
     node_share = {(run["round"], run["model"], run["layout"]):
                   run.get("steady_exchange_share") or 0.0  # one process exchanges nothing
@@ -525,7 +525,9 @@ def step_split_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None 
         forecast_rest = row.terms_ms["compute"] + row.terms_ms["stragglers"]
         local = layouts[run["layout"]].local
         node = node_rate(run, runs[r], model, local)
-        shared = node_share.get((r, model, f"1x{local}"))
+        shared = run.get("baseline_exchange_share")
+        if shared is None:
+            shared = node_share.get((r, model, f"1x{local}"))
         wait: dict[str, Any] = {}
         if node and shared is not None and (local == 1 or shared > 0):
             node_rest = local * batch_of(result["models"][model]) / node * 1e3 * (1 - shared)

@@ -1416,7 +1416,7 @@ def test_the_wait_for_the_other_node_reads_as_the_forecasts_rest() -> None:
     clock) added to its exchange, resnet50's are within 6% in three runs of four and its rest
     within 2% of the node's, while mlp's two-node runs computed 8-18% slower than their
     node."""
-    from bench.shaped_links_report import step_split_rows
+    from bench.shaped_links_report import baseline_of, step_split_rows
 
     kept = json.loads((ROOT / "docs" / "forecast" /
                        "shaped_links_2026-12-06_zen3_both_layouts.json").read_text())
@@ -1432,6 +1432,17 @@ def test_the_wait_for_the_other_node_reads_as_the_forecasts_rest() -> None:
         if run["gbit"]:
             run["steady_exchange_share"] = 0.5
     assert all("node rest" not in row for row in step_split_rows(older))
+    # A run whose baseline kept its own clock (sets from 2026-12-07 on) takes that share.
+    run = next(run for run in kept["runs"] if run["model"] == "resnet50" and run["gbit"] == 25
+               and run["layout"] == "2x2 multiworker hierarchical")
+    before = next(row for row in split if row["run"] == run["layout"]
+                  and row["model"] == "resnet50" and row["link"] == "25 Gbit/s")
+    run["baseline_exchange_share"] = 0.5
+    after = next(row for row in step_split_rows(kept) if row["run"] == run["layout"]
+                 and row["model"] == "resnet50" and row["link"] == "25 Gbit/s")
+    node_step = 2 * 16 / baseline_of(run) * 1e3
+    assert before["node rest"] == pytest.approx(node_step * (1 - 0.00598), rel=1e-3)
+    assert after["node rest"] == pytest.approx(node_step / 2)
     doc = (ROOT / "docs" / "FORECAST.md").read_text()
     assert ("| resnet50 | 25 Gbit/s | hierarchical | 400 | 137 | 4,853 | 4,856 | -5.4% | "
             "+0.1% |") in doc
@@ -1672,7 +1683,9 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     def train(model: str, layout: Any, timeline: bool = False) -> dict[str, Any]:
         order.append(f"{model} {layout.name}" + (" timeline" if timeline else ""))
         rate = 100.0 * len(order)  # the VM speeds up with every job: a linear drift
+        share = 0.1 if layout.nodes == 1 and layout.local == 2 else None  # its clock
         return {"images_per_sec": rate, "steady_images_per_sec": rate,
+                "steady_exchange_share": share,
                 "neighbour_images_per_sec": rate, "num_workers": layout.nodes * layout.local,
                 **({} if not timeline else
                    {"timeline_error": "horovod_timeline.json: not found"}
@@ -1696,6 +1709,9 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     runs = {(run["model"], run["layout"]): run for run in result["runs"]}
     flat, ddl = runs["mlp", "2x2 flat"], runs["mlp", "2x2 ddl"]
     assert flat["after_baseline_images_per_sec"] == ddl["baseline_images_per_sec"]
+    # Each run keeps its baseline's exchange share (the one before it): the node's own clock.
+    assert (flat["baseline_exchange_share"], ddl["baseline_exchange_share"]) == (0.1, 0.1)
+    assert runs["mlp", "2x1"]["baseline_exchange_share"] is None  # one process: no clock
     # Baseline, run, baseline are three jobs in a row: the mean of the two baselines is the
     # VM's speed at the run's own moment; the one before alone is a job behind.
     before = flat["baseline_images_per_sec"][0]
