@@ -442,10 +442,11 @@ def timeline_kind(name: str) -> str:
 
 def forecast_runs(result: dict[str, Any], wanted: Callable[[dict[str, Any]], bool],
                   host_ns: Mapping[str, float] | None = None,
-                  ) -> Iterator[tuple[dict[str, Any], float, Any]]:
-    """(run, its measured step in ms, the forecast's row for it) for each run across the link
-    that ``wanted`` picks and the set can forecast (a one-node rate, and its round's link
-    figures); ``host_ns`` as for :func:`machine_for`."""
+                  ) -> Iterator[tuple[dict[str, Any], float, float, Any]]:
+    """(run, its measured step in ms, the one-node step in ms that its forecast is calibrated
+    on, the forecast's row for it) for each run across the link that ``wanted`` picks and the
+    set can forecast (a one-node rate, and its round's link figures); ``host_ns`` as for
+    :func:`machine_for`."""
     layouts = _layouts()
     runs, links = _by_round(result), _links_by_round(result)
     for run in result["runs"]:
@@ -458,8 +459,8 @@ def forecast_runs(result: dict[str, Any], wanted: Callable[[dict[str, Any]], boo
         if node is None or gbit not in links[r] or 0.0 not in links[r]:
             continue
         step = layout.nodes * layout.local * batch / rate_of(run) * 1e3
-        yield run, step, forecast_row(gbit, model, layout, node, links_of(run, links[r]),
-                                      batch, host_ns)
+        yield run, step, layout.local * batch / node * 1e3, forecast_row(
+            gbit, model, layout, node, links_of(run, links[r]), batch, host_ns)
 
 
 def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
@@ -474,7 +475,8 @@ def timeline_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = 
     fusion buffer. An activity's ms per step is its share of the timeline's wall time times
     the measured step."""
     out = []
-    for run, step, row in forecast_runs(result, lambda run: bool(run.get("timeline")), host_ns):
+    for run, step, _, row in forecast_runs(result, lambda run: bool(run.get("timeline")),
+                                           host_ns):
         model, gbit, r = run["model"], run["gbit"], run["round"]
         per_step: dict[str, float] = dict.fromkeys(TIMELINE_KINDS, 0.0)
         for activity in run["timeline"]:
@@ -516,21 +518,19 @@ def step_split_rows(result: dict[str, Any], host_ns: Mapping[str, float] | None 
                   run.get("steady_exchange_share") or 0.0  # one process exchanges nothing
                   for run in result["runs"] if not run["gbit"]}
     layouts = _layouts()
-    runs = _by_round(result)
-    for run, step, row in forecast_runs(
+    for run, step, node_step, row in forecast_runs(
             result, lambda run: run.get("steady_exchange_share") is not None, host_ns):
         model, gbit, r, share = run["model"], run["gbit"], run["round"], \
             run["steady_exchange_share"]
         exchange, rest = share * step, (1 - share) * step
         forecast_rest = row.terms_ms["compute"] + row.terms_ms["stragglers"]
         local = layouts[run["layout"]].local
-        node = node_rate(run, runs[r], model, local)
         shared = run.get("baseline_exchange_share")
         if shared is None:
             shared = node_share.get((r, model, f"1x{local}"))
         wait: dict[str, Any] = {}
-        if node and shared is not None and (local == 1 or shared > 0):
-            node_rest = local * batch_of(result["models"][model]) / node * 1e3 * (1 - shared)
+        if shared is not None and (local == 1 or shared > 0):
+            node_rest = node_step * (1 - shared)
             waited = row.exchange_ms + forecast_rest - node_rest
             wait = {"node rest": node_rest,
                     "exchange + wait error": f"{waited / exchange - 1:+.1%}",
