@@ -44,7 +44,10 @@ other node idle) keep their figures.
 
 With ``--adjacent_baselines`` (sets from 2026-11-29 on) each two-node run gets its own one-node
 baseline, run just before it, and its forecast is calibrated on that: this VM's speed moved by a
-quarter within half an hour with nothing changed (bench.shaped_link_pairs). With
+quarter within half an hour with nothing changed (bench.shaped_link_pairs). Since 2026-12-07
+that baseline runs under the run's own strategy where its one-node step differs from horovod's
+(``OWN_ONE_NODE``: multiworker's 1x2; the run keeps its name, ``baseline_layout``); the
+round's one-node runs stay horovod's. With
 ``--adjacent_figures`` each also gets the figures its forecast takes timed just before it (its
 link, in-node exchange, casts, host time per byte), not at the round's start; on the EPYC one
 such 3-second timing swung more than the drift it was to follow (docs/FORECAST.md, 2026-11-29
@@ -52,7 +55,7 @@ morning), so the round's figures remain the better input (``--report --round_fig
 the Xeon the VM slowed by up to a third within one round, more than the round's figures could
 follow (the same document, 2026-11-29, later). With ``--bracketed_baselines`` each two-node run
 also gets the same baseline just after it (shared with the next run where it has the same model
-and ranks per node), and is calibrated on the mean of the two: one 1-minute baseline that
+and one-node run), and is calibrated on the mean of the two: one 1-minute baseline that
 landed in a slow minute made a forecast miss by 25% (the Zen 4's three rounds, 2026-12-02).
 With ``--horovod_timelines`` each Horovod run across nodes (horovod, ddl) also writes Horovod's
 timeline, and the set keeps rank 0's summed per activity (tfscale.exchange.horovod_timeline);
@@ -196,6 +199,26 @@ ACROSS = (
            flags=("--node_exchange=shared_memory",), algorithm="hierarchical"),
 )
 STRATEGIES = tuple(sorted({layout.strategy for layout in ACROSS}))
+#: The one-node run of a strategy whose step differs from ONE_NODE's (horovod's) on the same
+#: ranks per node: a two-node run's own baseline (``--adjacent_baselines``, sets from
+#: 2026-12-07 on) runs its strategy's. mlp's 1x2 step under multiworker (its
+#: MultiWorkerMirroredStrategy replica context) ran 1.3 to 4.2 ms longer than under horovod,
+#: its step less its exchange 1.1 to 3.3 ms, in 5 of 6 alternating pairs on the Zen 3,
+#: 2026-12-07: a cost its two-node runs have, which a forecast calibrated on horovod's node
+#: left in their rest.
+OWN_ONE_NODE = (Layout("1x2 multiworker", 1, 2, strategy="multiworker",
+                       flags=("--node_exchange=shared_memory", "--sharded_update=false"),
+                       algorithm="hierarchical"),)
+
+
+def one_node_of(layout: Layout) -> Layout:
+    """The one-node run with ``layout``'s ranks per node that its own baseline runs: its
+    strategy's where :data:`OWN_ONE_NODE` has one, else :data:`ONE_NODE`'s (horovod's; one rank
+    per node: one process, no exchange, the same under every strategy)."""
+    for one in (*OWN_ONE_NODE, *ONE_NODE):
+        if one.local == layout.local and one.strategy in (layout.strategy, "horovod"):
+            return one
+    raise ValueError(f"no one-node layout with {layout.local} ranks for {layout.name}")
 IDLE_BYTES = 16 * 2**20  # the message of each transport's idle host figure, round or run
 #: How long each message size is timed across the link (sets from 2026-12-05 evening on; 2 s
 #: before): at 1 Gbit/s a 2-second timing is 3 calls of 64 MiB, and the same call's 3-call
@@ -639,15 +662,14 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     times_grpc = any(layout.strategy == "multiworker" and layout.algorithm == "flat"
                      for layout in layouts)
     def baseline(model: str, layout: Layout) -> Baseline:
-        one_node = next(one for one in ONE_NODE if one.local == layout.local)
-        result = train(model, one_node)
+        result = train(model, one_node_of(layout))
         return ((result["steady_images_per_sec"] or result["images_per_sec"],
                  result.get("neighbour_images_per_sec")), result.get("steady_exchange_share"))
 
     for round_ in range(first, first + rounds):
         # The baseline just run after a two-node run, kept for the next if it has the same
-        # model and ranks per node (then nothing else runs between the two).
-        after: tuple[str, int, Baseline] | None = None
+        # model and one-node layout (then nothing else runs between the two).
+        after: tuple[str, str, Baseline] | None = None
         shape(0)
         grpc_ring = grpc_ring_timings(models) if times_grpc else {}
         link_rows.append({"round": round_, "gbit": 0.0,
@@ -697,9 +719,10 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             if adjacent and layout.uses_link:
                 # The baseline's exchange share (sets from 2026-12-07 on): the node's own rest
                 # for the report's split (bench.shaped_links_report.step_split_rows).
+                adjacent_to["baseline_layout"] = one_node_of(layout).name
                 (adjacent_to["baseline_images_per_sec"],
                  adjacent_to["baseline_exchange_share"]) = (
-                    after[2] if after and after[:2] == (model, layout.local)
+                    after[2] if after and after[:2] == (model, one_node_of(layout).name)
                     else baseline(model, layout))
             after = None
             if figures and layout.uses_link:
@@ -708,7 +731,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
                          **adjacent_to, **kept_of(result), "wall_s": time.monotonic() - start})
             if bracketed and layout.uses_link:
-                after = (model, layout.local, baseline(model, layout))
+                after = (model, one_node_of(layout).name, baseline(model, layout))
                 runs[-1]["after_baseline_images_per_sec"] = after[2][0]
             print(f"[round {round_}] {gbit:g} Gbit/s {model} {layout.name}: "
                   f"{result['images_per_sec']:.1f} images/s, after the first interval "
@@ -753,12 +776,13 @@ def main() -> int:
                         help="comma-separated two-node runs to measure (default: all; e.g. "
                              "'2x2 hierarchical,2x2 multiworker hierarchical')")
     parser.add_argument("--adjacent_baselines", action="store_true",
-                        help="run each two-node run's one-node baseline just before it (the "
-                             "forecast of that run is calibrated on it, not on the round's)")
+                        help="run each two-node run's one-node baseline just before it, "
+                             "under its strategy (the forecast of that run is calibrated on "
+                             "it, not on the round's)")
     parser.add_argument("--bracketed_baselines", action="store_true",
                         help="with --adjacent_baselines: also run each two-node run's one-node "
                              "baseline just after it (the next run's before-baseline where it "
-                             "has the same model and ranks per node); its forecast is "
+                             "has the same model and one-node run); its forecast is "
                              "calibrated on the mean of the two")
     parser.add_argument("--before_only", action="store_true",
                         help="with --report: calibrate every run on its baseline before it "

@@ -1672,9 +1672,10 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``--bracketed_baselines``: each two-node run gets its one-node baseline just before and
     just after it, and the one after is the next run's before where that run has the same
-    model and ranks per node (B R B R B, nothing else between). The report calibrates the run
+    model and one-node run (B R B R B, nothing else between). The report calibrates the run
     on the mean of the two, ``--before_only`` on the first; a drift the VM makes linearly
-    over the run cancels in the mean."""
+    over the run cancels in the mean. A multiworker run's baseline is multiworker's own
+    one-node run, not horovod's: its step under MultiWorkerMirroredStrategy is longer."""
     from bench import shaped_links
     from bench.shaped_links_report import baseline_of, bracket_drift
 
@@ -1700,15 +1701,23 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     for name in ("in_node_figures", "cast_figures", "idle_figures"):
         monkeypatch.setattr(shaped_links, name, lambda *args: {})
     layouts = {layout.name: layout for layout in shaped_links.ACROSS}
-    chosen = (layouts["2x1"], layouts["2x2 flat"], layouts["2x2 ddl"])
+    chosen = (layouts["2x1"], layouts["2x2 flat"], layouts["2x2 ddl"],
+              layouts["2x2 multiworker hierarchical"])
     result = shaped_links.measure([10.0], 1, layouts=chosen, adjacent=True, bracketed=True)
     mlp = [job for job in order if job.startswith("mlp")]
     assert mlp == ["mlp 1x1", "mlp 1x2",  # the round's one-node runs come first
                    "mlp 1x1", "mlp 2x1", "mlp 1x1",
-                   "mlp 1x2", "mlp 2x2 flat", "mlp 1x2", "mlp 2x2 ddl", "mlp 1x2"], mlp
+                   "mlp 1x2", "mlp 2x2 flat", "mlp 1x2", "mlp 2x2 ddl", "mlp 1x2",
+                   "mlp 1x2 multiworker", "mlp 2x2 multiworker hierarchical",
+                   "mlp 1x2 multiworker"], mlp
     runs = {(run["model"], run["layout"]): run for run in result["runs"]}
     flat, ddl = runs["mlp", "2x2 flat"], runs["mlp", "2x2 ddl"]
     assert flat["after_baseline_images_per_sec"] == ddl["baseline_images_per_sec"]
+    assert [runs["mlp", name]["baseline_layout"] for name in (
+        "2x1", "2x2 flat", "2x2 ddl", "2x2 multiworker hierarchical")] == [
+            "1x1", "1x2", "1x2", "1x2 multiworker"]
+    hierarchical = runs["mlp", "2x2 multiworker hierarchical"]  # horovod's after is not its
+    assert hierarchical["baseline_images_per_sec"] != ddl["after_baseline_images_per_sec"]
     # Each run keeps its baseline's exchange share (the one before it): the node's own clock.
     assert (flat["baseline_exchange_share"], ddl["baseline_exchange_share"]) == (0.1, 0.1)
     assert runs["mlp", "2x1"]["baseline_exchange_share"] is None  # one process: no clock
@@ -1726,11 +1735,11 @@ def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
     # Without --bracketed_baselines, no baseline after: one before each run, as before. With
     # --horovod_timelines, the Horovod runs across nodes write one, their baselines do not.
     order.clear()
-    chosen = (*chosen[1:], layouts["2x2 multiworker hierarchical"])
+    chosen = chosen[1:]
     result = shaped_links.measure([10.0], 1, layouts=chosen, adjacent=True, timelines=True)
     assert [job for job in order if job.startswith("mlp")][2:] == [
         "mlp 1x2", "mlp 2x2 flat timeline", "mlp 1x2", "mlp 2x2 ddl timeline",
-        "mlp 1x2", "mlp 2x2 multiworker hierarchical"]
+        "mlp 1x2 multiworker", "mlp 2x2 multiworker hierarchical"]
     assert all("after_baseline_images_per_sec" not in run for run in result["runs"])
     # A run whose timeline could not be read keeps its images/s and says why; the set goes on.
     assert {run["layout"] for run in result["runs"] if "timeline" in run} == {"2x2 flat"}
