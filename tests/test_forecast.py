@@ -939,6 +939,11 @@ def _kept_report(kept: str, *args: str) -> list[str]:
      "+2.7% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
     ("shaped_links_2026-12-07_zen3_mlp_25gbit_3rounds.json", ("--round_figures",), "2 of 2",
      "+5.6% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    # The same on each run's own strategy's baseline (multiworker's 1x2), the next evening.
+    ("shaped_links_2026-12-07_zen3_mlp_25gbit_own_baselines.json", (), "0 of 2",
+     "+17.4% (mlp, 25 Gbit/s, 2x2 multiworker hierarchical)"),
+    ("shaped_links_2026-12-07_zen3_mlp_25gbit_own_baselines.json", ("--round_figures",),
+     "0 of 2", "+17.0% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
