@@ -219,6 +219,8 @@ def one_node_of(layout: Layout) -> Layout:
         if one.local == layout.local and one.strategy in (layout.strategy, "horovod"):
             return one
     raise ValueError(f"no one-node layout with {layout.local} ranks for {layout.name}")
+
+
 IDLE_BYTES = 16 * 2**20  # the message of each transport's idle host figure, round or run
 #: How long each message size is timed across the link (sets from 2026-12-05 evening on; 2 s
 #: before): at 1 Gbit/s a 2-second timing is 3 calls of 64 MiB, and the same call's 3-call

@@ -939,7 +939,7 @@ def _kept_report(kept: str, *args: str) -> list[str]:
      "+2.7% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
     ("shaped_links_2026-12-07_zen3_mlp_25gbit_3rounds.json", ("--round_figures",), "2 of 2",
      "+5.6% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
-    # The same on each run's own strategy's baseline (multiworker's 1x2), the next evening.
+    # The same on each run's own strategy's baseline (multiworker's 1x2), three hours later.
     ("shaped_links_2026-12-07_zen3_mlp_25gbit_own_baselines.json", (), "0 of 2",
      "+17.4% (mlp, 25 Gbit/s, 2x2 multiworker hierarchical)"),
     ("shaped_links_2026-12-07_zen3_mlp_25gbit_own_baselines.json", ("--round_figures",),
