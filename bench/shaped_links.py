@@ -663,8 +663,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     # gRPC's flat-ring figure is charged to multiworker's flat runs only.
     times_grpc = any(layout.strategy == "multiworker" and layout.algorithm == "flat"
                      for layout in layouts)
-    def baseline(model: str, layout: Layout) -> Baseline:
-        result = train(model, one_node_of(layout))
+    def baseline(model: str, one_node: Layout) -> Baseline:
+        result = train(model, one_node)
         return ((result["steady_images_per_sec"] or result["images_per_sec"],
                  result.get("neighbour_images_per_sec")), result.get("steady_exchange_share"))
 
@@ -718,14 +718,15 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             shape(gbit)
             start = time.monotonic()
             adjacent_to: dict[str, Any] = {}
+            one_node = one_node_of(layout)
             if adjacent and layout.uses_link:
                 # The baseline's exchange share (sets from 2026-12-07 on): the node's own rest
                 # for the report's split (bench.shaped_links_report.step_split_rows).
-                adjacent_to["baseline_layout"] = one_node_of(layout).name
+                adjacent_to["baseline_layout"] = one_node.name
                 (adjacent_to["baseline_images_per_sec"],
                  adjacent_to["baseline_exchange_share"]) = (
-                    after[2] if after and after[:2] == (model, one_node_of(layout).name)
-                    else baseline(model, layout))
+                    after[2] if after and after[:2] == (model, one_node.name)
+                    else baseline(model, one_node))
             after = None
             if figures and layout.uses_link:
                 adjacent_to["figures"] = run_figures(model, layout)
@@ -733,7 +734,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             runs.append({"round": round_, "gbit": gbit, "model": model, "layout": layout.name,
                          **adjacent_to, **kept_of(result), "wall_s": time.monotonic() - start})
             if bracketed and layout.uses_link:
-                after = (model, one_node_of(layout).name, baseline(model, layout))
+                after = (model, one_node.name, baseline(model, one_node))
                 runs[-1]["after_baseline_images_per_sec"] = after[2][0]
             print(f"[round {round_}] {gbit:g} Gbit/s {model} {layout.name}: "
                   f"{result['images_per_sec']:.1f} images/s, after the first interval "
