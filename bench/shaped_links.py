@@ -538,11 +538,15 @@ def steady_exchange_share(stdout: str) -> float | None:
             / sum(steps / rate for steps, rate, _ in later))
 
 
+#: What a run's ranks run: tfscale.train, as a user would.
+TRAIN = ("-m", "tfscale.train")
+
+
 def _train_command(model: str, layout: Layout, where: list[str], model_dir: Path,
-                   timeline: bool = False) -> list[str]:
+                   timeline: bool = False, entry: tuple[str, ...] = TRAIN) -> list[str]:
     start = launcher(layout.transport, layout.local, tuple(where),
                      mpi=layout.strategy != "multiworker")
-    return [*start, sys.executable, "-m", "tfscale.train", *MODELS[model],
+    return [*start, sys.executable, *entry, *MODELS[model],
             f"--strategy={layout.strategy}", *layout.flags, "--learning_rate=0.01",
             "--tensorboard=false", f"--model_dir={model_dir}",
             *(["--horovod_timeline"] if timeline else [])]
@@ -554,7 +558,8 @@ def _train_command(model: str, layout: Layout, where: list[str], model_dir: Path
 TIMELINE_SKIP = 0.2
 
 
-def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
+def train(model: str, layout: Layout, timeline: bool = False,
+          entry: tuple[str, ...] = TRAIN) -> dict[str, Any]:
     """One run of tfscale.train under srun on the cluster: its results.json, with
     ``steady_images_per_sec`` (:func:`steady_rate`) and ``steady_exchange_share``
     (:func:`steady_exchange_share`). A one-node run runs on both nodes at once,
@@ -564,11 +569,12 @@ def train(model: str, layout: Layout, timeline: bool = False) -> dict[str, Any]:
     slower with the same job on the other core, 2026-11-28); real nodes share neither.
     ``timeline`` (a layout with :attr:`Layout.has_timeline`): the run writes Horovod's
     timeline, and its summary per activity (rank 0's, after ``TIMELINE_SKIP`` of it) is the
-    result's ``timeline``."""
+    result's ``timeline``. ``entry``: what the ranks run in place of ``-m tfscale.train``,
+    with its flags (bench.step_windows' stamped one)."""
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
         nodes = [["-N2"]] if layout.nodes == 2 else [["-N1", "-w", node] for node in NODES]
         procs = [subprocess.Popen(_train_command(model, layout, where, Path(tmp) / f"run{i}",
-                                                 timeline),
+                                                 timeline, entry),
                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
                  for i, where in enumerate(nodes)]
