@@ -1,27 +1,31 @@
 """Where each rank's core goes in each window of a step, on the two-node mini-cluster.
 
 The forecast charges a two-node step its one-node step less that run's exchange (the node's
-*rest*), plus the exchange it forecasts. On this cluster mlp's two-node rest ran 8-25% longer
-than the one-node run's (docs/FORECAST.md, "multiworker's own one-node step"); this says what
-the core did in that time. Each run's ranks run :mod:`bench.step_windows_train` (tfscale.train
-that stamps each step's windows) while the kernel's tracer records every context switch and
-every softirq on both cores (``sched:sched_switch``, ``irq:softirq_entry``/``exit``, with the
-thread group of each task). Per rank and step, four windows:
+*rest*), plus the exchange it forecasts. On this cluster mlp's two-node rest ran 8-19% longer
+than the one-node run's (docs/FORECAST.md, "The same two runs on their own strategy's
+baselines"); this says what the core did in that time. Each run's ranks run
+:mod:`bench.step_windows_train` (tfscale.train that stamps each step's windows) while the
+kernel's tracer records every context switch and every softirq on both cores
+(``sched:sched_switch``, ``irq:softirq_entry``/``exit``, with the thread group of each
+task). Per rank and step, four windows:
 
 - ``compute``: the step's start to its last gradient (forward and backward passes);
 - ``exchange``: to its last reduced gradient (what tfscale's exchange clock counts);
 - ``update``: to the end of the optimizer's update;
 - ``between``: to the next step's start (Keras' loop, callbacks, the stamps' print).
 
-For each window, the milliseconds per step that the rank's core spent on: its ranks'
-TensorFlow compute threads (``tf_Compute``), their exchange threads (TensorFlow's collective
-executor and gRPC's, ``collective_ops``, ``event_engine``, ``grpc*``), their other threads
-(the Python main thread and the threads Python starts, tfscale's ring sender among them),
-softirq by kind (the network's receive, ``NET_RX``; the link's shaping timer, ``HRTIMER``),
-other processes, and idle; ``self`` is the rank, ``mate`` the other rank on its core. The
-report sets each two-node run's rest (compute, update and between) against the one-node run of
-its round, group by group. Steps before ``--skip`` are left out (the compiled first steps and
-the first progress interval, as bench.shaped_links' steady rate does). ``--layouts`` takes
+For each window, the milliseconds per step that the rank's core spent on: its ranks' TensorFlow
+compute threads (``tf_Compute``), their exchange threads (TensorFlow's collective executor and
+gRPC's, ``collective_ops``, ``event_engine``, ``grpc*``), their other threads (the Python main
+thread and the threads Python starts, tfscale's ring sender among them), softirq by kind (the
+network's receive, ``NET_RX``; high-resolution timers, TCP's and the shaped link's,
+``HRTIMER``), other processes, and idle; ``self`` is the rank, ``mate`` the other rank on its
+core. The report sets each two-node run's rest (compute, update and between) against the
+one-node run of its round, group by group. Where two ranks share a core, it also gives the core's
+exchange, the time during which either of them is in its exchange window (a rank's clock stops
+while its mate's exchange goes on), and the quiet rest of the step, when neither is, against the
+one-node run's. Steps before ``--skip`` are left out (the compiled first steps and the first
+progress interval, as bench.shaped_links' steady rate does). ``--layouts`` takes
 bench.shaped_links' names; by default ``1x2 multiworker``, ``2x2 multiworker flat`` and
 ``2x2 multiworker hierarchical``.
 
@@ -40,7 +44,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,7 +59,7 @@ from bench.common import OUT, cpu_description, in_round_order, save
 
 TRACEFS = Path("/sys/kernel/tracing")
 EVENTS = ("sched:sched_switch", "irq:softirq_entry", "irq:softirq_exit")
-BUFFER_KB = 300_000  # per CPU: an mlp run of 1,000 steps wrote about 20 MB of events
+BUFFER_KB = 300_000  # per CPU: an mlp run of 1,000 steps gave about 20 MB of trace text
 RESULT = OUT / "step_windows.json"
 WINDOWS = ("compute", "exchange", "update", "between")
 REST = ("compute", "update", "between")
@@ -65,8 +68,8 @@ DEFAULT_LAYOUTS = "1x2 multiworker,2x2 multiworker flat,2x2 multiworker hierarch
 THREAD_GROUPS = {"compute threads": ("tf_Compute",),
                  "exchange threads": ("collective_ops", "event_engine", "grpc")}
 
-#: Softirqs reported by name: the network's, and the timer that releases a shaped link's
-#: queue (tc's tbf); the others together.
+#: Softirqs reported by name: the network's, and high-resolution timers (TCP's, and the one
+#: that releases a shaped link's queue, tc's tbf); the others together.
 SOFTIRQS = ("NET_RX", "NET_TX", "HRTIMER")
 
 # One line of the trace: task-pid (tgid) [cpu] flags seconds: event: fields
@@ -137,7 +140,8 @@ class CoreTime:
     def __init__(self, times: np.ndarray, labels: list[str]) -> None:
         self.times = times
         self.names = sorted(set(labels))
-        self.codes = np.array([self.names.index(label) for label in labels])
+        index = {name: code for code, name in enumerate(self.names)}
+        self.codes = np.array([index[label] for label in labels])
         spans = np.diff(times)
         self.cum = np.zeros((len(times), len(self.names)))
         for code in range(len(self.names)):
@@ -168,10 +172,15 @@ def load_stamps(directory: Path, offset: float) -> dict[tuple[str, int], np.ndar
         host, _, pid = path.stem.rpartition("_")
         rows = [[int(v) for v in line.split()] for line in path.read_text().splitlines()
                 if line.strip()]
+        if not rows:
+            raise ValueError(f"{path}: no steps stamped")
         widths = {len(row) for row in rows}
         if len(widths) != 1:
             raise ValueError(f"{path}: steps with {sorted(widths)} stamps; expected one count")
         ranks[(host, int(pid))] = np.array(rows, dtype=np.float64) / 1e6 - offset
+    if not ranks:
+        raise ValueError(f"{directory}: no rank wrote its stamps (HOST_PID.txt); the ranks run "
+                         "bench.step_windows_train")
     return ranks
 
 
@@ -400,7 +409,6 @@ def traced_run(model: str, layout: Any, skip: int) -> dict[str, Any]:
             (TRACEFS / f"per_cpu/{cpu}/stats").read_text()
             for cpu in os.listdir(TRACEFS / "per_cpu"))))
         found = analyse(trace, load_stamps(stamps_dir, offset), skip)
-        shutil.rmtree(stamps_dir, ignore_errors=True)
     return {"layout": layout.name, "images_per_sec": result["steady_images_per_sec"],
             "exchange_share": result["steady_exchange_share"], "events_lost": lost, **found}
 

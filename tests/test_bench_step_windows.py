@@ -82,9 +82,15 @@ def test_a_step_without_exchange_stamps_has_two_windows(tmp_path: Path) -> None:
     assert ranks["node1_100"]["step"]["ms"] == pytest.approx(45.0)
 
 
-def test_stamps_of_mixed_widths_and_too_few_steps_are_refused(tmp_path: Path) -> None:
+def test_missing_empty_or_mixed_stamps_and_too_few_steps_are_refused(tmp_path: Path) -> None:
     (tmp_path / "node1_100.txt").write_text("1 2 3 4\n5 6\n")
     with pytest.raises(ValueError, match="node1_100.txt: steps with \\[2, 4\\] stamps"):
+        load_stamps(tmp_path, 0.0)
+    (tmp_path / "node1_100.txt").write_text("")
+    with pytest.raises(ValueError, match="node1_100.txt: no steps stamped"):
+        load_stamps(tmp_path, 0.0)
+    (tmp_path / "node1_100.txt").unlink()
+    with pytest.raises(ValueError, match="no rank wrote its stamps"):
         load_stamps(tmp_path, 0.0)
     (tmp_path / "node1_100.txt").write_text("1 2 3 4\n5 6 7 8\n")
     with pytest.raises(ValueError, match="2 steps stamped; more than 2"):
