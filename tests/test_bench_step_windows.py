@@ -156,6 +156,11 @@ def test_the_kept_set_reports_the_figures_docs_forecast_gives() -> None:
             "quiet 43.1; quiet against 1x2 multiworker: ms +10.04, compute threads +7.07, "
             "exchange threads +1.39") in text
     assert "- round 1, 2x2 multiworker hierarchical: exchange on the core 26.2" in text
+    resnet50 = json.loads(kept.with_name("step_windows_2026-12-07_zen3_resnet50_25gbit.json")
+                          .read_text())
+    assert ("- round 1, 2x2 multiworker hierarchical: exchange on the core 534.6 (a rank's own "
+            "513.7), quiet 5116.6; quiet against 1x2 multiworker: ms +644.77, compute threads "
+            "+582.18") in report(resnet50)
 
 
 def test_the_runs_ranks_run_the_stamped_train_in_place_of_tfscale_train() -> None:
