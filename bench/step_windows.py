@@ -241,6 +241,11 @@ def analyse(trace: str, stamps: dict[tuple[str, int], np.ndarray],
     return {"ranks": account(cores, placed, stamps, skip), "cores": shared}
 
 
+def _either(group: str) -> str:
+    """A group with its ``self``/``mate`` dropped: any of the core's ranks."""
+    return group.split(" ", 1)[1] if group.startswith(("self ", "mate ")) else group
+
+
 def _groups(core: CoreTime, start: np.ndarray, end: np.ndarray, rank: int,
             mates: set[int]) -> dict[str, float]:
     spent: dict[str, float] = defaultdict(float)
@@ -297,8 +302,7 @@ def shared_core(core: CoreTime, stamps: dict[tuple[str, int], np.ndarray],
     pids = [pid for _, pid in stamps]
     spent: dict[str, float] = defaultdict(float)
     for group, ms in _groups(core, quiet_start, quiet_end, pids[0], set(pids[1:])).items():
-        spent[group.split(" ", 1)[1] if group.startswith(("self ", "mate ")) else group] += (
-            ms * len(quiet_start) / steps)
+        spent[_either(group)] += ms * len(quiet_start) / steps
     return {"ranks": [f"{host}_{pid}" for host, pid in stamps],
             "exchange_ms": sum(b - a for a, b in merged[:-1]) * 1e3 / steps,
             "quiet": {"ms": float(np.sum(quiet_end - quiet_start)) * 1e3 / steps,
@@ -337,8 +341,7 @@ def rest_of(windows: dict[str, dict[str, float]]) -> dict[str, float]:
     rest: dict[str, float] = defaultdict(float)
     for window in REST:
         for group, ms in windows.get(window, {}).items():
-            key = group.split(" ", 1)[1] if group.startswith(("self ", "mate ")) else group
-            rest[key] += ms
+            rest[_either(group)] += ms
     return dict(rest)
 
 
@@ -449,6 +452,14 @@ def measure(model: str, gbit: float, rounds: int, names: list[str],
 
 # --- the report --------------------------------------------------------------------------------
 
+def _excess(figures: dict[str, float], base: dict[str, float]) -> str:
+    """``ms +X, GROUP +Y, ...``: each of ``figures`` less ``base`` (0 where one lacks it),
+    ``ms`` first, differences under 0.05 ms left out."""
+    keys = sorted(set(figures) | set(base), key=lambda k: (k != "ms", k))
+    return ", ".join(f"{k} {figures.get(k, 0.0) - base.get(k, 0.0):+.2f}" for k in keys
+                     if abs(figures.get(k, 0.0) - base.get(k, 0.0)) >= 0.05)
+
+
 def report(result: dict[str, Any]) -> str:
     """The windows of every run, each two-node run's rest against its round's one-node run,
     and each shared core's exchange and quiet part (markdown)."""
@@ -475,11 +486,7 @@ def report(result: dict[str, Any]) -> str:
         for run in runs:
             if run is base:
                 continue
-            rest = rest_of(mean_windows(run["ranks"]))
-            keys = sorted(set(rest) | set(base_rest), key=lambda k: (k != "ms", k))
-            excess = ", ".join(f"{k} {rest.get(k, 0.0) - base_rest.get(k, 0.0):+.2f}"
-                               for k in keys if abs(rest.get(k, 0.0) - base_rest.get(k, 0.0))
-                               >= 0.05)
+            excess = _excess(rest_of(mean_windows(run["ranks"])), base_rest)
             lines.append(f"- round {round_}, {run['layout']} against {base['layout']}: "
                          f"{excess}")
     lines += ["", "Each core's ranks together (mean over the cores that two ranks share): the "
@@ -496,11 +503,8 @@ def report(result: dict[str, Any]) -> str:
                     f"{core['exchange_ms']:.1f} (a rank's own {own:.1f}), quiet "
                     f"{core['quiet']['ms']:.1f}")
             if base is not None and run is not base:
-                quiet, base_quiet = core["quiet"], mean_core(base["cores"])["quiet"]
-                keys = sorted(set(quiet) | set(base_quiet), key=lambda k: (k != "ms", k))
-                line += "; quiet against " + base["layout"] + ": " + ", ".join(
-                    f"{k} {quiet.get(k, 0.0) - base_quiet.get(k, 0.0):+.2f}" for k in keys
-                    if abs(quiet.get(k, 0.0) - base_quiet.get(k, 0.0)) >= 0.05)
+                line += (f"; quiet against {base['layout']}: "
+                         + _excess(core["quiet"], mean_core(base["cores"])["quiet"]))
             lines.append(line)
     lost = [run for run in result["runs"] if run.get("events_lost")]
     if lost:

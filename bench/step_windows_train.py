@@ -32,7 +32,7 @@ def install(directory: Path) -> None:
     from tfscale.exchange import timing
 
     traced: list[tuple[str, Any]] = []  # the stamps of the step being traced
-    clock_start = timing.start
+    clock_start, clock_stop, clock_add = timing.start, timing.stop, timing.CLOCK.add
 
     def start(tensors: list[Any]) -> Any:
         started = clock_start(tensors)
@@ -41,12 +41,15 @@ def install(directory: Path) -> None:
         return started
 
     def stop(started: Any, tensors: list[Any]) -> None:
-        if started is None:
-            return
-        with tf.control_dependencies(timing._dense(tensors)):
-            now = tf.timestamp()
-        traced.append(("stop", now))
-        timing.CLOCK.add(now - started)
+        def add(seconds: Any) -> Any:  # the clock's own stop takes the stamp: keep it too
+            traced.append(("stop", started + seconds))
+            return clock_add(seconds)
+
+        timing.CLOCK.add = add  # type: ignore[method-assign]
+        try:
+            clock_stop(started, tensors)
+        finally:
+            del timing.CLOCK.add  # the class's method again
 
     timing.start, timing.stop = start, stop
     keras_step = TensorFlowTrainer.train_step
