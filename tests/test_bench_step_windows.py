@@ -161,6 +161,10 @@ def test_the_kept_set_reports_the_figures_docs_forecast_gives() -> None:
     assert ("- round 1, 2x2 multiworker hierarchical: exchange on the core 534.6 (a rank's own "
             "513.7), quiet 5116.6; quiet against 1x2 multiworker: ms +644.77, compute threads "
             "+582.18") in report(resnet50)
+    zen4 = json.loads(kept.with_name("step_windows_2026-12-07_zen4_mlp_25gbit.json").read_text())
+    assert ("- round 0, 2x2 multiworker flat: exchange on the core 60.8 (a rank's own 56.1), "
+            "quiet 19.3; quiet against 1x2 multiworker: ms +0.67, compute threads -0.05") \
+        in report(zen4)
 
 
 def test_the_runs_ranks_run_the_stamped_train_in_place_of_tfscale_train() -> None:
