@@ -84,11 +84,11 @@ LINK_TIMINGS = 3
 def link_row(models: tuple[str, ...], count: int = LINK_TIMINGS) -> dict[str, Any]:
     """gRPC's flat ring across the link as it is shaped now, multiworker's 2x2 flat runs' own
     call in their shape (each node's two workers on its one core), as ``bench.shaped_links
-    --grpc_across`` times it into each link row's ``"grpc_flat"`` (reported, not charged): per
-    model, ``count`` timings at its gradient
-    size (:func:`time_across`), the models in turn; each size's bus bandwidth over the ring's
-    four ranks from the median (nccl-tests' definition, as ``bench.link_allreduce_worker``);
-    one ring (``"rings"``, as a ``"ring_pair"`` row has two)."""
+    --grpc_across`` times it into each link row's ``"grpc_flat"``, charged to those runs: per
+    model, ``count`` timings at its gradient size (:func:`time_across`), the models in turn;
+    each size's bus bandwidth over the ring's four ranks from the median (nccl-tests'
+    definition, as ``bench.link_allreduce_worker``); one ring (``"rings"``, as a
+    ``"ring_pair"`` row has two)."""
     sizes = {model: gradient_bytes(model) for model in models}
     timings: dict[str, list[float]] = {model: [] for model in models}
     for _ in range(count):

@@ -23,15 +23,19 @@ Each run is set against the floor its link sets (compute + bytes crossing the li
 shaped rate) and against ``tfscale.forecast``, whose machine is calibrated on the round's own
 1-node runs and link measurements only (never on a 2-node run).
 
-multiworker's flat runs are charged gRPC's host figure timed in their own topology
+multiworker's flat runs, where their set did not time their call across the link (below),
+are charged Open MPI's link figure and gRPC's host figure timed in their own topology
 (``python -m tfscale.cli.host_time grpc N --flat_ring``), twice at each round's start and twice
 at its end, the median of the four (since 2026-12-04; from 2026-11-28 night once at each end,
 the mean of the two; the set before once, at the start). One 3-second timing ran 3x slow on
 the Zen 3 and alone set a run's forecast 30% off (docs/FORECAST.md, 2026-12-04). With
-``--grpc_across`` each link's row also times that ring across the shaped link, three times per
-model (``bench.grpc_link_time.link_row``): the runs' own call, wire and host work in one
-timing, reported beside the charge; on the Zen 3 of 2026-12-06 charging it described the runs
-worse than the figures above (docs/FORECAST.md), so it is not charged.
+``--grpc_across`` (since 2026-12-07 the default where a set runs that layout) each link's row
+also times that ring across the shaped link, three times per model
+(``bench.grpc_link_time.link_row``): the runs' own call, wire and host work in one timing.
+Since 2026-12-07 the flat runs of a set that timed it are charged it in place of Open MPI's
+link figure and gRPC's host figure: on a Zen 4 that older charge set them 10-15% too
+slow at 1 Gbit/s, and over a Zen 3's and a Zen 4's rounds the call keeps 15 of 16 within 10%
+(docs/FORECAST.md, "gRPC's flat ring charged as timed across").
 
 Every node has one core of this machine (launch.minicluster), so the 2 ranks of a node share
 it. The kernel here has no ``netem``: latency is the path's own, measured, not added.
@@ -152,10 +156,9 @@ class Layout:
         it is not Horovod's: multiworker's hierarchical runs cross on tfscale's rings, one per
         local index, all at once (``"ring_pair"``), its 2x2 flat runs on TensorFlow's gRPC ring
         over the four ranks (``"grpc_flat"``, :func:`measure` with ``grpc_across``); "" for
-        the others. Where the round timed it and it is in
-        ``bench.shaped_links_report.CHARGED_CROSS_CALLS`` (the rings, not gRPC's), its runs
-        are charged it instead of Horovod's all-reduce with one rank per node and a host
-        figure."""
+        the others. Where the round timed it (it is in
+        ``bench.shaped_links_report.CHARGED_CROSS_CALLS``), its runs are charged it instead
+        of Open MPI's all-reduce with one rank per node and a host figure."""
         from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES
 
         if self.strategy != "multiworker":
@@ -632,7 +635,7 @@ Baseline = tuple[tuple[float, float | None], float | None]
 def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = None,
             layouts: tuple[Layout, ...] = ACROSS, adjacent: bool = False,
             figures: bool = False, bracketed: bool = False,
-            timelines: bool = False, grpc_across: bool = False,
+            timelines: bool = False, grpc_across: bool | None = None,
             models: tuple[str, ...] = tuple(MODELS)) -> dict[str, Any]:
     """Every link's figures and runs once per round, the order reversed in odd rounds; with
     ``earlier`` (a saved result), its rounds are kept and these continue their count.
@@ -650,7 +653,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     also writes Horovod's timeline, kept summed per activity (:func:`train`). ``grpc_across``:
     each link's row also times gRPC's flat ring across it, as multiworker's 2x2 flat runs
     cross (``"grpc_flat"``: TensorFlow's gRPC ring over the four ranks, each node's two on its
-    one core, at each model's gradient size, ``bench.grpc_link_time.link_row``).
+    one core, at each model's gradient size, ``bench.grpc_link_time.link_row``), which those
+    runs are charged; by default (``None``) where the set runs that layout.
     ``models``: the models whose runs, baselines and figures the set takes (an ``--append``
     keeps the saved result's); mlp's took two fifths of a set of both on the Zen 3."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -669,6 +673,8 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
     # gRPC's flat-ring figure is charged to multiworker's flat runs only.
     times_grpc = any(layout.strategy == "multiworker" and layout.algorithm == "flat"
                      for layout in layouts)
+    if grpc_across is None:  # the call the flat runs are charged, where the set has them
+        grpc_across = any(layout.cross_call == "grpc_flat" for layout in layouts)
     def baseline(model: str, one_node: Layout) -> Baseline:
         result = train(model, one_node)
         return ((result["steady_images_per_sec"] or result["images_per_sec"],
@@ -693,7 +699,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
             shape(gbit)
             link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
             if grpc_across:
-                # multiworker flat's own call across the link: reported, not charged
+                # multiworker flat's own call across the link, charged to its runs
                 # (bench.shaped_links_report.CHARGED_CROSS_CALLS).
                 from bench.grpc_link_time import link_row
 
@@ -805,11 +811,13 @@ def main() -> int:
                         help="each horovod and ddl run across nodes also writes Horovod's "
                              "timeline (rank 0's), kept summed per activity; the report sets "
                              "it per step beside the forecast's exchange")
-    parser.add_argument("--grpc_across", action="store_true",
+    parser.add_argument("--grpc_across", action=argparse.BooleanOptionalAction, default=None,
                         help="each link's row also times TensorFlow's gRPC ring over the 2x2 "
                              "flat layout's ranks across the link, three times per model: "
-                             "multiworker flat's own call, reported beside its charge (not "
-                             "charged; docs/FORECAST.md)")
+                             "multiworker flat's own call, which its runs are then charged "
+                             "(docs/FORECAST.md); by default where the set runs that layout, "
+                             "--no-grpc_across leaves it out (its runs are charged Open MPI's "
+                             "link figure and gRPC's host figure)")
     parser.add_argument("--round_figures", action="store_true",
                         help="with --report: forecast every run from its round's figures even "
                              "where the set timed its own beside it (--adjacent_figures): the "
@@ -820,7 +828,7 @@ def main() -> int:
                              "multiworker=6.9 from bench.transport_host_time's gRPC); repeatable")
     args = parser.parse_args()
     if (args.adjacent_baselines or args.adjacent_figures or args.bracketed_baselines
-            or args.horovod_timelines or args.grpc_across) and args.report:
+            or args.horovod_timelines or args.grpc_across is not None) and args.report:
         parser.error("--adjacent_baselines, --bracketed_baselines, --adjacent_figures, "
                      "--horovod_timelines and --grpc_across go with a measurement, not "
                      "--report (a result that has them is reported with them)")

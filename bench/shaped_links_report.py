@@ -167,11 +167,13 @@ def message_bytes(gradient_bytes: float, layout: Any) -> float:
 
 
 #: The calls across nodes (``bench.shaped_links.Layout.cross_call``) that their runs are charged
-#: where the round timed them. gRPC's flat ring timed across the link (``"grpc_flat"``,
-#: ``--grpc_across``) is reported but not charged: on the Zen 3 of 2026-12-06 it described
-#: multiworker's flat runs worse than the charge it would replace, Open MPI's link figure and
-#: gRPC's host figure (docs/FORECAST.md, "gRPC's flat ring timed across the link").
-CHARGED_CROSS_CALLS = ("ring_pair",)
+#: where the round timed them: multiworker's rings one per local index (since 2026-12-06) and
+#: gRPC's flat ring over the 2x2 flat layout's ranks (``"grpc_flat"``, since 2026-12-07). A
+#: set without the figure charges Open MPI's link figure, and for the flat ring gRPC's host
+#: figure. Charged gRPC's call, the flat runs are 15 of 16 within 10% round by round on a Zen 3
+#: and a Zen 4, against 13 of 16 on the older charge, which Open MPI's wire figure set too slow
+#: on the Zen 4 at 1 Gbit/s (docs/FORECAST.md, "gRPC's flat ring charged as timed across").
+CHARGED_CROSS_CALLS = ("ring_pair", "grpc_flat")
 
 
 def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
@@ -180,7 +182,8 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     """The preset ``minicluster_<gbit>gbit`` calibrated with one round's measurements: the
     links' bus bandwidth at the message size nearest to the run's; where the round timed the
     call that the layout makes across nodes in the run's own shape (Horovod's flat call,
-    multiworker's rings one per local index: :data:`CHARGED_CROSS_CALLS`), that call's.
+    multiworker's rings one per local index and its gRPC flat ring: :data:`CHARGED_CROSS_CALLS`),
+    that call's.
     ``host_ns``: a host time per byte by strategy that replaces the preset's for that
     strategy's runs (a what-if)."""
     from tfscale.forecast.machines import ModelFigures, load
@@ -199,7 +202,9 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # multiworker's hierarchical runs cross on tfscale's rings, one per local index at once,
     # where the round timed them so (sets from 2026-12-06 on): the model shares the node's
     # link among its rings, so it is charged what they drove across together (and no host
-    # figure, below). Only the calls in CHARGED_CROSS_CALLS are charged.
+    # figure, below). Its flat runs cross on gRPC's ring over all four ranks, charged that
+    # ring timed across the link where the round did (--grpc_across; one ring, its host work
+    # in its time). Only the calls in CHARGED_CROSS_CALLS are charged.
     charged = layout.cross_call in CHARGED_CROSS_CALLS
     pair = across.get(layout.cross_call) if charged else None
     if pair:
