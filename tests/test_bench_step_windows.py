@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.step_windows import CoreTime, analyse, group_of, load_stamps, report, shared_core
+from bench.step_windows import (
+    CoreTime,
+    analyse,
+    group_of,
+    load_stamps,
+    report,
+    shared_core,
+    step_windows,
+)
+from tests.conftest import TINY, read_results
+from tfscale.scripts.launcher import supervise, tf_config_envs
 
 
 def _line(comm: str, pid: int, tgid: int | None, cpu: int, seconds: float, event: str,
@@ -177,3 +189,29 @@ def test_the_runs_ranks_run_the_stamped_train_in_place_of_tfscale_train() -> Non
     at = command.index("bench.step_windows_train")
     assert command[at - 1:at + 3] == ["-m", "bench.step_windows_train", "--stamps_dir=/tmp/s",
                                       "--model=mlp"]
+
+
+@pytest.mark.slow
+def test_two_workers_stamp_each_step_in_the_order_of_its_windows(tmp_path: Path) -> None:
+    """bench.step_windows_train under two real TF_CONFIG workers (multiworker, whose exchange
+    clock runs): each rank writes one line per step, four stamps in order (start, last
+    gradient, last reduced gradient, end of the update), the next step starting after the
+    last ended, so that bench.step_windows finds its four windows in every step."""
+    stamps, model_dir = tmp_path / "stamps", tmp_path / "run"
+    log = io.StringIO()
+    steps = 12
+    code = supervise([sys.executable, "-m", "bench.step_windows_train",
+                      f"--stamps_dir={stamps}", *TINY, "--strategy=multiworker",
+                      "--num_processes=2", f"--steps={steps}", f"--model_dir={model_dir}"],
+                     tf_config_envs(2), out=log)
+    assert code == 0, log.getvalue()[-3000:]
+    ranks = load_stamps(stamps, 0.0)
+    assert len(ranks) == 2
+    for rows in ranks.values():
+        assert rows.shape == (steps, 4)
+        assert np.all(np.diff(rows, axis=1) >= 0), rows  # start <= grads <= reduced <= end
+        assert np.all(rows[1:, 0] >= rows[:-1, 3])  # a step starts after the last one ended
+        windows = step_windows(rows, skip=2)
+        assert set(windows) == {"compute", "exchange", "update", "between"}
+        assert all(np.all(ends >= starts) for starts, ends in windows.values())
+    assert read_results(model_dir)["steps"] == steps
