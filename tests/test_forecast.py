@@ -961,6 +961,9 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # ... and mlp at 1 Gbit/s once more, the call timed by default (no --grpc_across).
     ("shaped_links_2026-12-07_zen4_default_mlp_1gbit.json", (), "1 of 1",
      "+2.8% (mlp, 1 Gbit/s, 2x2 multiworker flat)"),
+    # Both of multiworker's layouts at 1 Gbit/s on today's code.
+    ("shaped_links_2026-12-07_zen4_multiworker_1gbit_call.json", (), "4 of 4",
+     "+7.8% (resnet50, 1 Gbit/s, 2x2 multiworker hierarchical)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
