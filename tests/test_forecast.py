@@ -964,6 +964,15 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # Both of multiworker's layouts at 1 Gbit/s on today's code.
     ("shaped_links_2026-12-07_zen4_multiworker_1gbit_call.json", (), "4 of 4",
      "+7.8% (resnet50, 1 Gbit/s, 2x2 multiworker hierarchical)"),
+    # Every layout in one round at 1 and 25 Gbit/s on today's code, the round's figures; each
+    # run on the mean of its two baselines, then on the one before it.
+    ("shaped_links_2026-12-07_zen4_every_layout.json", (), "29 of 36",
+     "+31.2% (resnet50, 25 Gbit/s, 2x2 multiworker hierarchical)"),
+    ("shaped_links_2026-12-07_zen4_every_layout.json", ("--before_only",), "31 of 36",
+     "+32.9% (resnet50, 25 Gbit/s, 2x2 multiworker hierarchical)"),
+    # Its multiworker hierarchical runs at 25 Gbit/s again, each from its own figures.
+    ("shaped_links_2026-12-07_zen4_mw_hierarchical_25gbit.json", (), "1 of 2",
+     "+31.6% (mlp, 25 Gbit/s, 2x2 multiworker hierarchical)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
