@@ -10,7 +10,11 @@ float16 reduction, not MPI's); sizes are then the float16 bytes. With ``--ring``
 tfscale's own ring across the nodes instead (multiworker's hierarchical cross phase:
 :mod:`tfscale.exchange.socket_ring`), Horovod only gathering its ports: with L ranks on each
 node, L rings at once, one among the ranks of each local index, as that phase runs them, each
-ring's bus bandwidth over its own members (``"rings": L``). With
+ring's bus bandwidth over its own members (``"rings": L``). With ``--hierarchical`` it times
+multiworker's whole hierarchical exchange as its training step calls it: tfscale's
+shared-memory node phases as TensorFlow ops around one ring per local index (a
+``tf.numpy_function``), in one compiled function, its result left in TensorFlow's memory (one
+value read back), each call's bus bandwidth over every rank of the job. With
 ``--grouped=K`` (Horovod across nodes) each size is split into K tensors and reduced by one
 ``hvd.grouped_allreduce``: the call a run whose strategy hands Horovod its gradient list makes,
 with Horovod's copies into its fusion buffer and back, which one tensor does not make (MPI
@@ -23,6 +27,7 @@ calls, at most 200).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -62,6 +67,7 @@ def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--horovod", action="store_true")
     parser.add_argument("--ring", action="store_true")
+    parser.add_argument("--hierarchical", action="store_true")
     parser.add_argument("--float16", action="store_true")
     parser.add_argument("--grouped", type=int, default=1, metavar="K")
     parser.add_argument("--seconds", type=float, default=2.0, metavar="S")
@@ -70,6 +76,35 @@ def _arguments() -> argparse.Namespace:
         parser.error(f"--grouped={args.grouped} --seconds={args.seconds:g}: expected a number "
                      "of tensors >= 1 and a positive time")
     return args
+
+
+def hierarchical_reducer() -> tuple[Callable[[np.ndarray], Callable[[], object]],
+                                    Callable[[], object]]:
+    """(reducer, close) for ``--hierarchical``: multiworker's exchange across nodes as
+    :mod:`tfscale.strategies.multiworker` builds it (transient: views of the node's buffers,
+    as for gradients), Horovod only gathering the rings' ports and the node layout."""
+    from tfscale.exchange.cross_node import cross_node_sum
+    from tfscale.exchange.hierarchical import HierarchicalAllReduce
+    from tfscale.exchange.shared_memory import SharedMemoryGroup
+    from tfscale.exchange.socket_ring import open_ring
+    from tfscale.exchange.topology import Topology
+
+    topology = Topology.from_placement(
+        hvd.allgather_object((hvd.cross_rank(), hvd.local_rank())), hvd.rank())
+    token = int(hvd.broadcast(tf.constant(np.random.randint(1, 2**31)), 0, name="token"))
+    node = SharedMemoryGroup(f"bench{token}", topology.local_index, topology.local_size,
+                             ranks=topology.nodes[topology.node_index])
+    ring = open_ring(hvd.rank(), topology.cross_ranks, hvd.allgather_object(socket.gethostname()),
+                     token, hvd.allgather_object, timeout_s=120.0)
+    reduce = dataclasses.replace(HierarchicalAllReduce.with_cross_sum(
+        node, topology, cross_node_sum(ring), "bench.hierarchical"), transient=True)
+
+    def reducer(values: np.ndarray) -> Callable[[], object]:
+        tensor = tf.constant(values)
+        call = tf.function(lambda: reduce.sum([tensor])[0][:1])
+        return lambda: call().numpy()
+
+    return reducer, ring.close
 
 
 def main() -> None:
@@ -90,6 +125,12 @@ def main() -> None:
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
             return lambda: node.all_reduce(values, copy=False)
+    elif args.hierarchical:
+        transport = "shared memory and tfscale's rings (multiworker's hierarchical exchange)"
+        whole, close = hierarchical_reducer()
+
+        def reducer(values: np.ndarray) -> Callable[[], object]:
+            return whole(values)
     elif args.ring:
         from tfscale.exchange.cross_node import TRANSPORT as transport
         from tfscale.exchange.socket_ring import open_ring

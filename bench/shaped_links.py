@@ -169,6 +169,16 @@ class Layout:
         return "grpc_flat" if self.algorithm == "flat" and flat_ring else ""
 
     @property
+    def whole_call(self) -> str:
+        """The link rows' timing of this layout's whole exchange as its step calls it, where
+        the round times one (``"hierarchical_call"``: multiworker's hierarchical exchange,
+        node phases and rings, over the 2x2 ranks, :func:`link_figures`); "" for the others.
+        Where the round timed it (``bench.shaped_links_report.CHARGED_WHOLE_CALLS``), its
+        runs are charged it instead of the node phases' figure and the rings'."""
+        hierarchical = self.algorithm == "hierarchical" and self.local > 1
+        return "hierarchical_call" if self.strategy == "multiworker" and hierarchical else ""
+
+    @property
     def has_timeline(self) -> bool:
         """Whether ``--horovod_timeline`` applies: a Horovod exchange across nodes."""
         return self.uses_link and self.strategy in ("horovod", "ddl")
@@ -342,7 +352,11 @@ def link_figures() -> dict[str, Any]:
     one ring per local index, both at once; their runs are charged it (``Layout.cross_call``).
     On the Zen 3 of 2026-12-06 at 25 Gbit/s, one ring alone moved 0.62-0.72 GB/s at 64 MiB and
     two at once 0.72-0.83 together; at 1 Gbit/s one alone and two together both 0.115. With
-    ``--grpc_across``, :func:`measure` adds ``"grpc_flat"``."""
+    ``--grpc_across``, :func:`measure` adds ``"grpc_flat"``. Under ``"hierarchical_call"`` (sets
+    from 2026-12-07 evening on) multiworker's whole hierarchical exchange over the 2x2 ranks as
+    its step calls it (``bench.link_allreduce_worker --hierarchical``); its runs are charged
+    it (``Layout.whole_call``). On the Zen 4 of 2026-12-07 at 25 Gbit/s it took 23.2-23.8 ms
+    at 16 MiB, where the node phases' figure and the rings' at 8 MiB add to about 17."""
     def across(*flags: str, local: int = 1) -> dict[str, Any]:
         return on_both_nodes("bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
                              *flags, local=local)
@@ -350,6 +364,7 @@ def link_figures() -> dict[str, Any]:
     figures = across()
     figures["ring"] = across("--ring")
     figures["ring_pair"] = across("--ring", local=2)
+    figures["hierarchical_call"] = across("--hierarchical", local=2)
     figures["flat"] = across(local=2)
     figures["grouped"] = across(f"--grouped={GROUPED_TENSORS}")
     figures["flat_grouped"] = across(f"--grouped={GROUPED_TENSORS}", local=2)
@@ -716,6 +731,9 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
 
                 both = max(s["busbw_GBps"] for s in rings_together(timed["ring_pair"])["sizes"])
                 together = f", two at once {both:.3f}"
+            if "hierarchical_call" in timed:
+                whole = max(s["busbw_GBps"] for s in timed["hierarchical_call"]["sizes"])
+                together += f"; multiworker's hierarchical call {whole:.3f}"
             if "grpc_flat" in timed:
                 together += "; gRPC's flat ring " + ", ".join(
                     f"{size['model']} {size['busbw_GBps']:.3f}"

@@ -175,6 +175,14 @@ def message_bytes(gradient_bytes: float, layout: Any) -> float:
 #: on the Zen 4 at 1 Gbit/s (docs/FORECAST.md, "gRPC's flat ring charged as timed across").
 CHARGED_CROSS_CALLS = ("ring_pair", "grpc_flat")
 
+#: The whole exchanges (``bench.shaped_links.Layout.whole_call``) that their runs are charged
+#: where the round timed them: multiworker's hierarchical exchange over the 2x2 ranks, its node
+#: phases and its rings as a step calls them (since 2026-12-07 evening). A set without it
+#: charges the node phases' figure and the rings' (``"ring_pair"``), which add to less: at 25
+#: Gbit/s on a Zen 4 the whole call took 1.3-1.4x their sum (docs/FORECAST.md, "multiworker's
+#: hierarchical exchange timed whole").
+CHARGED_WHOLE_CALLS = ("hierarchical_call",)
+
 
 def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
                 links: dict[float, dict[str, Any]], batch_size: int,
@@ -207,6 +215,11 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     # in its time). Only the calls in CHARGED_CROSS_CALLS are charged.
     charged = layout.cross_call in CHARGED_CROSS_CALLS
     pair = across.get(layout.cross_call) if charged else None
+    # Its hierarchical runs' whole exchange, node phases and rings, timed as a step calls it
+    # (sets from 2026-12-07 evening on): charged in place of both, at the gradients' size.
+    whole = across.get(layout.whole_call) if layout.whole_call in CHARGED_WHOLE_CALLS else None
+    whole_calls = ({(layout.nodes, layout.local):
+                    _size_row(whole, preset.gradient_bytes)["busbw_GBps"]} if whole else {})
     if pair:
         inter = Link(_size_row(rings_together(pair), message)["busbw_GBps"], inter.latency_us)
     intra = Link(_size_row(inside, preset.gradient_bytes)["busbw_GBps"],
@@ -227,7 +240,7 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
     flat = {(2, 2): _size_row(call, message)["busbw_GBps"]} if call else {}
     machine = dataclasses.replace(base, inter=inter, intra=intra, models={model: figures},
                                   ring_hop_GBps=hop, cast_s_per_byte=cast_ns * 1e-9,
-                                  flat_call_GBps=flat)
+                                  flat_call_GBps=flat, hierarchical_call_GBps=whole_calls)
     # The host figures: the round's own measurement of each transport (sets from 2026-11-28
     # on; the plan's strategy picks its own, Strategy.host_transports), else the
     # preset's; a what-if's for the run's strategy replaces them all.
@@ -245,7 +258,7 @@ def machine_for(gbit: float, model: str, layout: Any, node_rate: float,
             idle_host_s_per_byte=measured["tcp"] * 1e-9,
             transport_idle_s_per_byte={t: measured[t] * 1e-9 for t in HOST_TRANSPORTS[1:]
                                        if t in measured})
-    if pair:
+    if pair or whole:
         # The call was timed as the run crosses: after the backward pass, both ranks of a
         # node on its one core. Its time holds the host work, so none is added.
         machine = dataclasses.replace(machine, host_s_per_byte=0.0, idle_host_s_per_byte=0.0,
@@ -320,11 +333,17 @@ def rows(result: dict[str, Any], host_ns: Mapping[str, float] | None = None,
             charged = "one ring alone" if pairs else "multiworker hierarchical; not charged"
             link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's ring ({charged})",
                                    ring_across, gbit))
-        if pairs:  # what multiworker's hierarchical runs are charged
+        wholes = [f["hierarchical_call"] for f in found if "hierarchical_call" in f]
+        if pairs:  # what multiworker's hierarchical runs are charged, where not the whole call
+            charged = "" if wholes else ", charged"
             link_rows.append(busbw(f"{gbit:g} Gbit/s, tfscale's rings, one per local index at "
                                    "once (2 on each node's core, both rings' bytes; multiworker "
-                                   "hierarchical's cross phase, charged)",
+                                   f"hierarchical's cross phase{charged})",
                                    [rings_together(p) for p in pairs], gbit))
+        if wholes:
+            link_rows.append(busbw(f"{gbit:g} Gbit/s, multiworker's hierarchical exchange over "
+                                   "2x2 ranks (node phases and rings as a step calls them; "
+                                   "its hierarchical runs' call, charged)", wholes, gbit))
         grouped = [f["grouped"] for f in found if "grouped" in f]
         if grouped:
             link_rows.append(busbw(f"{gbit:g} Gbit/s, Horovod's grouped call (2x1 runs' call: "

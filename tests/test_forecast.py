@@ -270,18 +270,23 @@ def test_a_flat_call_timed_in_its_own_shape_replaces_the_rings_time(tmp_path: Pa
     intra, inter = Link(10.0, 0.0), Link(1.0, 5.0)
     flat = Exchange("flat")
     # 2(p-1)/p = 1.5 of the message at 0.5 GB/s; the ring's time would be 30 us + 1.5 ms.
-    assert flat.allreduce(2, 2, intra, inter, flat_call_GBps=0.5)(1e6) == pytest.approx(3e-3)
+    assert flat.allreduce(2, 2, intra, inter, call_GBps=0.5)(1e6) == pytest.approx(3e-3)
     assert flat.allreduce(2, 2, intra, inter)(1e6) == pytest.approx(30e-6 + 1.5e-3)
     # No in-node hops on top (they are in the call); a slower host still binds.
-    assert flat.allreduce(2, 2, intra, inter, 2e-9, ring_hop_GBps=1.0, flat_call_GBps=2.0)(
+    assert flat.allreduce(2, 2, intra, inter, 2e-9, ring_hop_GBps=1.0, call_GBps=2.0)(
         1e6) == pytest.approx(30e-6 + 3e-3)
-    assert flat.allreduce(2, 2, intra, inter, 1e-10, ring_hop_GBps=1.0, flat_call_GBps=0.5)(
+    assert flat.allreduce(2, 2, intra, inter, 1e-10, ring_hop_GBps=1.0, call_GBps=0.5)(
         1e6) == pytest.approx(3e-3)
-    assert Exchange("flat", fp16=True).allreduce(2, 2, intra, inter, flat_call_GBps=0.5)(
+    assert Exchange("flat", fp16=True).allreduce(2, 2, intra, inter, call_GBps=0.5)(
         1e6) == pytest.approx(1.5e-3)
+    # A hierarchical call across nodes, float32, is charged the same way, in place of its
+    # phases; not with fp16 (timed at float32), nor on one node (no call across).
     hier = Exchange("hierarchical")
-    assert hier.allreduce(2, 2, intra, inter, flat_call_GBps=0.5)(1e6) == (
-        hier.allreduce(2, 2, intra, inter)(1e6))
+    assert hier.allreduce(2, 2, intra, inter, call_GBps=0.5)(1e6) == pytest.approx(3e-3)
+    assert hier.allreduce(2, 2, intra, inter)(1e6) < 2e-3
+    for exchange, nodes in ((Exchange("hierarchical", fp16=True), 2), (hier, 1)):
+        assert exchange.allreduce(2, nodes, intra, inter, call_GBps=0.5)(1e6) == (
+            exchange.allreduce(2, nodes, intra, inter)(1e6))
 
     doc = json.loads(machines.resolve("minicluster_1gbit").read_text())
     bare = machines.parse(doc, tmp_path / "m.json")
@@ -289,6 +294,7 @@ def test_a_flat_call_timed_in_its_own_shape_replaces_the_rings_time(tmp_path: Pa
                                         "source": "a test"}]
     timed = machines.parse(doc, tmp_path / "m.json")
     assert timed.flat_call_GBps == {(2, 2): 0.11}
+    assert timed.hierarchical_call_GBps == {}
 
     def row(machine: machines.Machine, nodes: int, strategy: str = "horovod") -> Any:
         plan = Plan(machine, "mlp", "fp32", 64, 2, (("algorithm", "flat"), ("fp16", False)),
@@ -315,6 +321,34 @@ def test_a_flat_call_timed_in_its_own_shape_replaces_the_rings_time(tmp_path: Pa
     doc["inter_node"]["flat_calls"] = [{"nodes": 2, "ranks_per_node": 2, "busbw_GBps": 1.0,
                                         "source": "s"}] * 2
     with pytest.raises(ValueError, match=r"flat_calls\[1\]' repeats the shape 2 nodes x 2"):
+        machines.parse(doc, tmp_path / "m.json")
+
+
+def test_a_hierarchical_call_timed_whole_replaces_its_phases_times(tmp_path: Path) -> None:
+    """The machine file's ``inter_node.hierarchical_calls`` gives a hierarchical exchange's
+    whole call in one shape: a float32 hierarchical plan of exactly that shape takes it in
+    place of its phases' times (here slower than they add to), other shapes and flat plans keep
+    theirs, and a bad entry names its field."""
+    doc = json.loads(machines.resolve("minicluster_25gbit").read_text())
+    bare = machines.parse(doc, tmp_path / "m.json")
+    doc["inter_node"]["hierarchical_calls"] = [{"nodes": 2, "ranks_per_node": 2,
+                                                "busbw_GBps": 0.4, "source": "a test"}]
+    timed = machines.parse(doc, tmp_path / "m.json")
+    assert timed.hierarchical_call_GBps == {(2, 2): 0.4} and timed.flat_call_GBps == {}
+
+    def row(machine: machines.Machine, nodes: int, algorithm: str = "hierarchical") -> Any:
+        plan = Plan(machine, "mlp", "fp32", 64, 2, (("algorithm", algorithm), ("fp16", False)),
+                    strategy="multiworker")
+        return forecast(plan, [nodes])[0]
+
+    gradient_bytes = timed.models["mlp"].gradient_bytes
+    assert row(timed, 2).terms_ms["bandwidth"] + row(timed, 2).terms_ms["latency"] == (
+        pytest.approx(1e3 * 1.5 * gradient_bytes / 0.4e9))
+    assert row(timed, 2).step_ms > row(bare, 2).step_ms
+    assert row(timed, 4).step_ms == row(bare, 4).step_ms
+    assert row(timed, 2, "flat").step_ms == row(bare, 2, "flat").step_ms
+    doc["inter_node"]["hierarchical_calls"][0]["busbw_GBps"] = -1
+    with pytest.raises(ValueError, match=r"hierarchical_calls\[0\].busbw_GBps' must be a number"):
         machines.parse(doc, tmp_path / "m.json")
 
 
@@ -1048,6 +1082,58 @@ def test_multiworkers_hierarchical_runs_are_charged_the_rings_their_round_timed_
     assert len(charged) == 2 and all("charged" in line for line in charged)
     assert sum("tfscale's ring (one ring alone)" in line for line in lines) == 2
     assert f"| {1.5 * ring_64:.3g} |" in charged[1]
+
+
+def test_multiworkers_hierarchical_runs_are_charged_their_whole_call_where_timed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sets from 2026-12-07 evening on also time multiworker's whole hierarchical exchange over
+    the 2x2 ranks, node phases and rings as a step calls them (``"hierarchical_call"``). Its
+    hierarchical runs are charged that call at their gradients' size (``CHARGED_WHOLE_CALLS``)
+    in place of the node phases' figure and the rings', with no host figure on top; no other
+    layout's charge moves; the report lists it as charged and the rings beside it as not.
+    Not charged, or a set without it, keeps the rings' charge."""
+    from bench import shaped_links_report
+    from bench.shaped_links import ACROSS
+    from bench.shaped_links_report import _links_by_round, machine_for, plan_for
+    from tfscale.forecast.predict import forecast as forecast_rows
+
+    kept = "shaped_links_2026-12-07_zen4_every_layout.json"
+    result = json.loads((ROOT / "docs" / "forecast" / kept).read_text())
+    for row in result["links"]:
+        if row["gbit"]:
+            row["hierarchical_call"] = {"ranks": 4, "sizes": [
+                {"bytes": mb * 2**20, "busbw_GBps": 0.05 * mb} for mb in (1, 4, 16, 64)]}
+    layouts = {layout.name: layout for layout in ACROSS}
+    old, new = (_links_by_round(json.loads((ROOT / "docs" / "forecast" / kept).read_text()))[0],
+                _links_by_round(result)[0])
+
+    def step_ms(links: dict[float, Any], name: str, model: str = "mlp") -> float:
+        machine = machine_for(25.0, model, layouts[name], 6000.0, links, 64)
+        row = forecast_rows(plan_for(machine, model, layouts[name], 64), [2])[0]
+        return 1e3 * 128 * layouts[name].local / row.images_per_sec
+
+    hierarchical = layouts["2x2 multiworker hierarchical"]
+    assert hierarchical.whole_call == "hierarchical_call"
+    assert {layout.whole_call for layout in ACROSS if layout is not hierarchical} == {""}
+    machine = machine_for(25.0, "mlp", hierarchical, 6000.0, new, 64)
+    assert machine.hierarchical_call_GBps == {(2, 2): pytest.approx(0.8)}  # mlp's 9.4 MB: 16 MiB
+    assert machine.host_s_per_byte == 0.0
+    assert machine_for(25.0, "mlp", hierarchical, 6000.0, old, 64).hierarchical_call_GBps == {}
+    gradient_bytes = machine.models["mlp"].gradient_bytes
+    row = forecast_rows(plan_for(machine, "mlp", hierarchical, 64), [2])[0]
+    assert row.terms_ms["host time"] == 0.0
+    exposed = sum(ms for term, ms in row.terms_ms.items() if term not in ("compute", "stragglers"))
+    assert exposed == pytest.approx(1e3 * 1.5 * gradient_bytes / 0.8e9)
+    assert step_ms(new, hierarchical.name) > step_ms(old, hierarchical.name)
+    for name in ("2x2 hierarchical", "2x2 ddl", "2x2 multiworker flat", "2x2 flat"):
+        assert step_ms(new, name) == pytest.approx(step_ms(old, name)), name
+    (tmp_path / kept).write_text(json.dumps(result))
+    lines = _report(tmp_path / kept)
+    assert sum("multiworker's hierarchical exchange over 2x2 ranks" in line and "charged" in line
+               for line in lines) == 2
+    assert not any("one per local index at once" in line and "charged" in line for line in lines)
+    monkeypatch.setattr(shaped_links_report, "CHARGED_WHOLE_CALLS", ())
+    assert step_ms(new, hierarchical.name) == pytest.approx(step_ms(old, hierarchical.name))
 
 
 def test_multiworkers_flat_runs_are_charged_grpcs_ring_their_round_timed_across_the_link(

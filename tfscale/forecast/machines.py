@@ -39,7 +39,11 @@ step pays as the expected slowest of its ranks; ``inter_node.flat_calls``, the f
 exchange's own all-reduce timed across the network in one shape (``[{"nodes": 2,
 "ranks_per_node": 2, "busbw_GBps": 0.115, "source": "..."}]``, nccl-tests' bus bandwidth of
 one call over all those ranks), charged instead of a ring's time to flat plans of exactly that
-shape whose strategy's in-node hops go through the library's shared memory (Horovod over MPI).
+shape whose strategy's in-node hops go through the library's shared memory (Horovod over MPI);
+``inter_node.hierarchical_calls``, the same for the hierarchical exchange's whole call (its
+node phases and its rings across, as a step runs them: ``bench.link_allreduce_worker
+--hierarchical``), charged instead of its phases' times to float32 hierarchical plans of
+exactly that shape.
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ class Machine:
     # The flat exchange's own call timed across the link, bus bandwidth by (nodes, ranks per
     # node): charged to flat plans of exactly that shape (model.Exchange.allreduce).
     flat_call_GBps: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
+    # The same for the hierarchical exchange's whole call (its three phases as a step runs
+    # them): charged to float32 hierarchical plans of exactly that shape.
+    hierarchical_call_GBps: dict[tuple[int, int], float] = dataclasses.field(
+        default_factory=dict)
 
     def host_rate(self, transport: str = "tcp", after_backward: bool = False) -> float:
         """Host seconds per byte of an exchange through ``transport`` (:data:`HOST_TRANSPORTS`)
@@ -187,7 +195,8 @@ def parse(raw: Any, path: Path) -> Machine:
     ring_hop = (check.number(doc["intra_node"], "intra_node", "ring_hop_GBps")
                 if isinstance(doc["intra_node"], dict) and "ring_hop_GBps" in doc["intra_node"]
                 else 0.0)
-    flat_calls = check.flat_calls(doc["inter_node"])
+    flat_calls = check.calls(doc["inter_node"], "flat_calls")
+    hierarchical_calls = check.calls(doc["inter_node"], "hierarchical_calls")
     stragglers = doc.get("stragglers", {"step_cv": 0.0, "source": "not given: none"})
     check.section(stragglers, "stragglers", ("step_cv", "source"))
     return Machine(
@@ -204,7 +213,7 @@ def parse(raw: Any, path: Path) -> Machine:
         idle_host_s_per_byte=idle_ns * 1e-9, ring_hop_GBps=ring_hop,
         cast_s_per_byte=cast_ns * 1e-9,
         transport_idle_s_per_byte={name: ns * 1e-9 for name, ns in transport_ns.items()},
-        flat_call_GBps=flat_calls)
+        flat_call_GBps=flat_calls, hierarchical_call_GBps=hierarchical_calls)
 
 
 class _Checker:
@@ -258,16 +267,17 @@ class _Checker:
         return Link(self.number(doc, where, "bandwidth_GBps"),
                     self.number(doc, where, "latency_us", low_inclusive=True) + software)
 
-    def flat_calls(self, inter: Any) -> dict[tuple[int, int], float]:
-        """``inter_node.flat_calls``: bus bandwidth by (nodes, ranks per node); {} if absent."""
-        if not isinstance(inter, dict) or "flat_calls" not in inter:
+    def calls(self, inter: Any, key: str) -> dict[tuple[int, int], float]:
+        """``inter_node.<key>`` (``flat_calls``, ``hierarchical_calls``): bus bandwidth by
+        (nodes, ranks per node); {} if absent."""
+        if not isinstance(inter, dict) or key not in inter:
             return {}
-        entries = inter["flat_calls"]
+        entries = inter[key]
         if not isinstance(entries, list):
-            self.fail("inter_node.flat_calls", "must be a list of objects", entries)
+            self.fail(f"inter_node.{key}", "must be a list of objects", entries)
         found: dict[tuple[int, int], float] = {}
         for i, entry in enumerate(entries):
-            where = f"inter_node.flat_calls[{i}]"
+            where = f"inter_node.{key}[{i}]"
             entry = self.section(entry, where, ("nodes", "ranks_per_node", "busbw_GBps",
                                                 "source"))
             self.text(entry, where, "source")

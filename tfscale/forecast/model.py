@@ -154,7 +154,7 @@ class Exchange:
                   host_s_per_byte: float = 0.0, transport: str = "shared_memory",
                   ring_hop_GBps: float = 0.0, cast_s_per_byte: float = 0.0,
                   ranks_per_core: float = 1.0,
-                  flat_call_GBps: float = 0.0) -> Callable[[float], float]:
+                  call_GBps: float = 0.0) -> Callable[[float], float]:
         """Seconds to all-reduce one fused message of ``nbytes`` (before compression).
 
         ``host_s_per_byte`` > 0 where a node's ranks share a core that also computes: the
@@ -176,18 +176,22 @@ class Exchange:
         none for one rank, which exchanges nothing),
         ``ranks_per_core`` ranks' casts one after the other where ranks share a core.
 
-        ``flat_call_GBps`` > 0 (flat only): the bus bandwidth of the flat exchange's own call
-        over exactly these ``local x nodes`` ranks, timed across the link at the message's size
-        (:attr:`tfscale.forecast.machines.Machine.flat_call_GBps`). That call holds what a ring
-        over the links does not: the algorithm the collective library picks (Open MPI 4.1
-        takes Rabenseifner's for large messages, whose steps across nodes carry a node's
-        share, not a ring's), its in-node steps, and their turns on a shared core. A message
-        then takes ``2(p-1)/p`` of its bytes at that rate instead of a ring's alpha-beta time
-        and in-node hops; the host-bound floor stays."""
+        ``call_GBps`` > 0: the bus bandwidth of the exchange's own call, for its algorithm, over
+        exactly these ``local x nodes`` ranks, timed across the link at the message's size
+        (:attr:`tfscale.forecast.machines.Machine.flat_call_GBps` and ``hierarchical_call_GBps``).
+        A flat call holds what a ring over the links does not: the algorithm the collective
+        library picks (Open MPI 4.1 takes Rabenseifner's for large messages, whose steps
+        across nodes carry a node's share, not a ring's), its in-node steps, and their turns on
+        a shared core. A hierarchical call (float32 only; nodes > 1) holds its three phases as
+        a step runs them, one after the other on the node's cores, and what joins them (the
+        rings' host calls, the copies in and out of TensorFlow's memory). A message then takes
+        ``2(p-1)/p`` of its bytes at that rate instead of the phases' or a ring's alpha-beta
+        time and in-node hops; the host-bound floor stays."""
         flat = self.algorithm == "flat"
         scale = 0.5 if self.fp16 else 1.0
 
-        measured = flat and flat_call_GBps > 0 and local * nodes > 1
+        measured = (call_GBps > 0 and local * nodes > 1
+                    and (flat or (nodes > 1 and not self.fp16)))
 
         def algorithm(nbytes: float, local: int, nodes: int, intra: Link, inter: Link) -> float:
             if flat:
@@ -209,7 +213,7 @@ class Exchange:
 
         def seconds(nbytes: float) -> float:
             sent = nbytes * scale
-            wire = (ring_allreduce_s(sent, local * nodes, Link(flat_call_GBps, 0.0)) if measured
+            wire = (ring_allreduce_s(sent, local * nodes, Link(call_GBps, 0.0)) if measured
                     else algorithm(nbytes, local, nodes, intra, inter))
             if not host_s_per_byte:
                 return wire + casts * nbytes

@@ -164,15 +164,19 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
     # (model.overlap_exchange): nothing computes beside it, on any machine.
     host_s = (m.host_rate(plan.host_transport(option.algorithm), after_backward=not option.cycle_ms)
               if host and sharing > 1 else 0.0)
-    # The flat call timed in this very shape, where the machine has it; it scales with the
-    # inter-node link that the terms' split (_terms_ms) varies.
-    flat_call = (m.flat_call_GBps.get((nodes, local), 0.0)
-                 if plan.ring_transport == "shared_memory" else 0.0)
-    if inter and flat_call:
-        flat_call *= inter.bandwidth_GBps / m.inter.bandwidth_GBps
+    # The exchange's own call timed in this very shape, where the machine has it (a flat one
+    # where the in-node hops are the library's); it scales with the inter-node link that the
+    # terms' split (_terms_ms) varies.
+    if option.algorithm == "flat":
+        call = (m.flat_call_GBps.get((nodes, local), 0.0)
+                if plan.ring_transport == "shared_memory" else 0.0)
+    else:
+        call = m.hierarchical_call_GBps.get((nodes, local), 0.0)
+    if inter and call:
+        call *= inter.bandwidth_GBps / m.inter.bandwidth_GBps
     return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
                             plan.ring_transport, m.ring_hop_GBps,
-                            m.cast_s_per_byte if host else 0.0, sharing, flat_call)
+                            m.cast_s_per_byte if host else 0.0, sharing, call)
 
 
 def ranks_per_core(machine: Machine, ranks: int) -> float:
