@@ -1007,6 +1007,10 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # Its multiworker hierarchical runs at 25 Gbit/s again, each from its own figures.
     ("shaped_links_2026-12-07_zen4_mw_hierarchical_25gbit.json", (), "1 of 2",
      "+31.6% (mlp, 25 Gbit/s, 2x2 multiworker hierarchical)"),
+    # The same layout at 1 and 25 Gbit/s, two rounds, charged its whole exchange timed as a
+    # step calls it (the rings and node phases' charge: 4 of 4, worst +7.6%).
+    ("shaped_links_2026-12-07_zen4_mw_hierarchical_whole_call.json", (), "4 of 4",
+     "-8.0% (resnet50, 25 Gbit/s, 2x2 multiworker hierarchical)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
