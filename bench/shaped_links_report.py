@@ -179,8 +179,9 @@ CHARGED_CROSS_CALLS = ("ring_pair", "grpc_flat")
 #: where the round timed them: multiworker's hierarchical exchange over the 2x2 ranks, its node
 #: phases and its rings as a step calls them (since 2026-12-07 evening). A set without it
 #: charges the node phases' figure and the rings' (``"ring_pair"``), which add to less: at 25
-#: Gbit/s on a Zen 4 the whole call took 1.3-1.4x their sum (docs/FORECAST.md, "multiworker's
-#: hierarchical exchange timed whole").
+#: Gbit/s on a Zen 4 the whole call charged 1.2-1.5x their sum, and came within 8.4% of what
+#: the steps waited in 7 of 8 rounds (docs/FORECAST.md, "multiworker's hierarchical exchange
+#: timed whole").
 CHARGED_WHOLE_CALLS = ("hierarchical_call",)
 
 
