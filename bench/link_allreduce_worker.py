@@ -27,7 +27,6 @@ calls, at most 200).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import socket
@@ -80,13 +79,14 @@ def _arguments() -> argparse.Namespace:
 
 def hierarchical_reducer() -> tuple[Callable[[np.ndarray], Callable[[], object]],
                                     Callable[[], object]]:
-    """(reducer, close) for ``--hierarchical``: multiworker's exchange across nodes as
-    :mod:`tfscale.strategies.multiworker` builds it (transient: views of the node's buffers,
-    as for gradients), Horovod only gathering the rings' ports and the node layout."""
-    from tfscale.exchange.cross_node import cross_node_sum
+    """(reducer, close) for ``--hierarchical``: multiworker's exchange across nodes built from
+    the pieces :mod:`tfscale.strategies.multiworker` builds it from (its ring across nodes,
+    :func:`~tfscale.exchange.cross_node.open_cross_node_ring`; transient, as for gradients),
+    Horovod standing in for the strategy's own collective while setting up."""
+    from tfscale.exchange.cross_node import cross_node_sum, open_cross_node_ring
     from tfscale.exchange.hierarchical import HierarchicalAllReduce
+    from tfscale.exchange.setup import transient
     from tfscale.exchange.shared_memory import SharedMemoryGroup
-    from tfscale.exchange.socket_ring import open_ring
     from tfscale.exchange.topology import Topology
 
     topology = Topology.from_placement(
@@ -94,10 +94,12 @@ def hierarchical_reducer() -> tuple[Callable[[np.ndarray], Callable[[], object]]
     token = int(hvd.broadcast(tf.constant(np.random.randint(1, 2**31)), 0, name="token"))
     node = SharedMemoryGroup(f"bench{token}", topology.local_index, topology.local_size,
                              ranks=topology.nodes[topology.node_index])
-    ring = open_ring(hvd.rank(), topology.cross_ranks, hvd.allgather_object(socket.gethostname()),
-                     token, hvd.allgather_object, timeout_s=120.0)
-    reduce = dataclasses.replace(HierarchicalAllReduce.with_cross_sum(
-        node, topology, cross_node_sum(ring), "bench.hierarchical"), transient=True)
+    ring = open_cross_node_ring(
+        topology, hvd.allgather_object(socket.gethostname()), token,
+        lambda values: hvd.allreduce(tf.constant(values), op=hvd.Sum, name="ports").numpy(),
+        120.0)
+    reduce = transient(HierarchicalAllReduce.with_cross_sum(
+        node, topology, cross_node_sum(ring), "bench.hierarchical"))
 
     def reducer(values: np.ndarray) -> Callable[[], object]:
         tensor = tf.constant(values)
