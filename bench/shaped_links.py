@@ -336,7 +336,7 @@ def rank0_text(stdout: str) -> str:
     return "\n".join(lines)
 
 
-def link_figures() -> dict[str, Any]:
+def link_figures(*whole_calls: str) -> dict[str, Any]:
     """Bus bandwidth of the all-reduce across the link (one rank per node): Horovod's (MPI),
     which the forecast charges, and under ``"ring"`` tfscale's ring's (multiworker's
     hierarchical cross phase; bare at 1 Gbit/s it drove the link 1.2x as fast as Open MPI, but
@@ -356,7 +356,9 @@ def link_figures() -> dict[str, Any]:
     from 2026-12-07 evening on) multiworker's whole hierarchical exchange over the 2x2 ranks as
     its step calls it (``bench.link_allreduce_worker --hierarchical``); its runs are charged
     it (``Layout.whole_call``). On the Zen 4 of 2026-12-07 at 25 Gbit/s it took 23.2-23.8 ms
-    at 16 MiB, where the node phases' figure and the rings' at 8 MiB add to about 17."""
+    at 16 MiB, where the node phases' figure and the rings' at 8 MiB add to about 17. A whole
+    call is timed only where ``whole_calls`` names it (sets from 2026-12-07 night on: where
+    the set or run has that layout; about 45 s a timing)."""
     def across(*flags: str, local: int = 1) -> dict[str, Any]:
         return on_both_nodes("bench.link_allreduce_worker", f"--seconds={LINK_SECONDS:g}",
                              *flags, local=local)
@@ -364,7 +366,8 @@ def link_figures() -> dict[str, Any]:
     figures = across()
     figures["ring"] = across("--ring")
     figures["ring_pair"] = across("--ring", local=2)
-    figures["hierarchical_call"] = across("--hierarchical", local=2)
+    if "hierarchical_call" in whole_calls:
+        figures["hierarchical_call"] = across("--hierarchical", local=2)
     figures["flat"] = across(local=2)
     figures["grouped"] = across(f"--grouped={GROUPED_TENSORS}")
     figures["flat_grouped"] = across(f"--grouped={GROUPED_TENSORS}", local=2)
@@ -518,7 +521,7 @@ def run_figures(model: str, layout: Layout) -> dict[str, Any]:
     # Raw TCP's is the machine's host figure whatever the strategy; gRPC's is timed above.
     node["idle_ns_per_byte"] = idle_figures(
         IDLE_BYTES, ("tcp",) if transport in ("tcp", "grpc") else ("tcp", transport))
-    link = link_figures()
+    link = link_figures(layout.whole_call) if layout.whole_call else link_figures()
     if layout.transport == "gloo":
         link["flat_grouped_gloo"] = gloo_call_figures()
     return {"link": link, "node": node}
@@ -690,6 +693,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
                      for layout in layouts)
     if grpc_across is None:  # the call the flat runs are charged, where the set has them
         grpc_across = any(layout.cross_call == "grpc_flat" for layout in layouts)
+    whole_calls = sorted({layout.whole_call for layout in layouts} - {""})
     def baseline(model: str, one_node: Layout) -> Baseline:
         result = train(model, one_node)
         return ((result["steady_images_per_sec"] or result["images_per_sec"],
@@ -712,7 +716,7 @@ def measure(links: list[float], rounds: int, earlier: dict[str, Any] | None = No
         node_row = link_rows[-1]
         for gbit in in_round_order(links, round_):
             shape(gbit)
-            link_rows.append({"round": round_, "gbit": gbit, **link_figures()})
+            link_rows.append({"round": round_, "gbit": gbit, **link_figures(*whole_calls)})
             if grpc_across:
                 # multiworker flat's own call across the link, charged to its runs
                 # (bench.shaped_links_report.CHARGED_CROSS_CALLS).

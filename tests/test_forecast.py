@@ -1785,7 +1785,7 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
                           "gloo_call()"],
         "2x2 multiworker flat": ["grpc(('mlp',),)", "idle(16777216, ('tcp',))", "link()"],
         "2x2 multiworker hierarchical": ["in_node()", "idle(16777216, ('tcp', 'ring'))",
-                                         "link()"],
+                                         "link('hierarchical_call',)"],
     }
     for name, calls in expected.items():
         timed.clear()
@@ -1796,11 +1796,13 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
     assert figures["node"]["idle_ns_per_byte"] == {"tcp": 1.0, "ring": 1.0}
 
 
-def _link_figures() -> dict[str, Any]:
-    """What bench.shaped_links.link_figures returns, made up: each call's bus bandwidth."""
+def _link_figures(*whole_calls: str) -> dict[str, Any]:
+    """What bench.shaped_links.link_figures returns, made up: each call's bus bandwidth, the
+    whole calls' where named."""
     return {"sizes": [{"busbw_GBps": 1.0}], "ring": {"sizes": [{"busbw_GBps": 1.2}]},
             "flat": {"sizes": [{"busbw_GBps": 0.9}]}, "grouped": {"sizes": [{"busbw_GBps": 0.95}]},
-            "flat_grouped": {"sizes": [{"busbw_GBps": 0.85}]}, "pingpong": {"latency_us": 40.0}}
+            "flat_grouped": {"sizes": [{"busbw_GBps": 0.85}]}, "pingpong": {"latency_us": 40.0},
+            **{name: {"sizes": [{"busbw_GBps": 0.7}]} for name in whole_calls}}
 
 
 def test_bracketed_baselines_alternate_with_the_runs_and_are_averaged(
@@ -1926,6 +1928,7 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
                 if layout.name == "2x2 multiworker flat")
     links = shaped_links.measure([25.0], 1, layouts=(flat,))["links"]
     assert across == [("mlp", "resnet50")] and links[1]["grpc_flat"]["rings"] == 1
+    assert "hierarchical_call" not in links[1]  # timed only where the set has its layout
     for model, again in (("mlp", [6.6, 2.2, 2.0, 2.4]), ("resnet50", [18.3, 4.0, 5.6, 4.4])):
         slow[model] = iter(again)
     assert "grpc_flat" not in shaped_links.measure(  # --no-grpc_across
@@ -1947,6 +1950,7 @@ def test_a_rounds_grpc_figure_is_the_median_of_its_timings(
     node = hierarchical_links[0]
     assert node["grpc_ring_ns_per_stack_byte"] == {} and node["grpc_ring_timings"] == {}
     assert "grpc_flat" not in hierarchical_links[1] and len(across) == 1
+    assert "hierarchical_call" in hierarchical_links[1]
     assert grpc_timing_lines([node]) == []
     # One run's own figure: the median of three timings.
     slow["mlp"] = iter([2.1, 9.0, 2.5])

@@ -292,6 +292,22 @@ def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
     assert transport in describe, describe
 
 
+@pytest.mark.usefixtures("cluster")
+def test_multiworkers_hierarchical_exchange_timed_whole_across_two_nodes() -> None:
+    """``bench.link_allreduce_worker --hierarchical``, the call bench.shaped_links charges
+    multiworker's hierarchical runs: 2 nodes x 2 ranks, the shared-memory node phases around
+    one tfscale ring per local index in one compiled function, its sum checked on every rank
+    (the worker exits non-zero on a wrong one) before each size is timed."""
+    from bench.shaped_links import on_both_nodes
+
+    found = on_both_nodes("bench.link_allreduce_worker", "--seconds=0.05", "--hierarchical",
+                          local=2, timeout=240)
+    assert (found["ranks"], found["nodes"], found["rings"]) == (4, 2, 1), found
+    assert "tfscale's rings" in found["transport"], found
+    assert [row["bytes"] for row in found["sizes"]] == [mb * 2**20 for mb in (1, 4, 16, 64)]
+    assert all(row["busbw_GBps"] > 0 for row in found["sizes"]), found
+
+
 def test_the_cluster_module_answers_without_a_cluster() -> None:
     proc = run_process([*CLUSTER, "--help"], timeout=60, cwd=ROOT)
     assert proc.returncode == 0 and "up --nodes=2" in proc.stdout
