@@ -1766,7 +1766,7 @@ def test_adjacent_figures_time_what_the_runs_forecast_takes(
             return value(*args) if callable(value) else value
         return fake
 
-    monkeypatch.setattr(shaped_links, "link_figures", timing("link", lambda: {"sizes": []}))
+    monkeypatch.setattr(shaped_links, "link_figures", timing("link", lambda *calls: {"sizes": []}))
     monkeypatch.setattr(shaped_links, "in_node_figures", timing("in_node", {"sizes": []}))
     monkeypatch.setattr(shaped_links, "gloo_call_figures", timing("gloo_call", {"sizes": []}))
     monkeypatch.setattr(shaped_links, "cast_figures",
