@@ -1011,6 +1011,12 @@ def _kept_report(kept: str, *args: str) -> list[str]:
     # step calls it (the rings and node phases' charge: 4 of 4, worst +7.6%).
     ("shaped_links_2026-12-07_zen4_mw_hierarchical_whole_call.json", (), "4 of 4",
      "-8.0% (resnet50, 25 Gbit/s, 2x2 multiworker hierarchical)"),
+    # Every layout in one round again on that charge, each run on the mean of its two
+    # baselines, then on the one before it.
+    ("shaped_links_2026-12-07_zen4_every_layout_whole_call.json", (), "31 of 36",
+     "+15.4% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    ("shaped_links_2026-12-07_zen4_every_layout_whole_call.json", ("--before_only",),
+     "33 of 36", "+15.6% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
