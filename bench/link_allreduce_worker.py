@@ -104,11 +104,11 @@ def hierarchical_reducer() -> tuple[Callable[[np.ndarray], Callable[[], object]]
     def reducer(values: np.ndarray) -> Callable[[], object]:
         tensor = tf.constant(values)
         call = tf.function(lambda: reduce.sum([tensor])[0][:1])
-        # A timing of a wrong sum times nothing: every rank's first value, summed once.
+        # A timing of a wrong sum times nothing: its first value, checked once per size.
         summed, expected = float(call().numpy()[0]), float(values[0]) * hvd.size()
         if summed != expected:
-            raise RuntimeError(f"--hierarchical: the exchange of {values.nbytes} bytes summed "
-                               f"{summed:g} where {hvd.size()} ranks hold {expected:g}")
+            raise RuntimeError(f"--hierarchical: {values.nbytes} bytes summed over "
+                               f"{hvd.size()} ranks gave {summed:g}, expected {expected:g}")
         return lambda: call().numpy()
 
     return reducer, ring.close
