@@ -31,7 +31,6 @@ import json
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -40,26 +39,10 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tfscale.cli.link_time import grouped_reducer, hierarchical_reducer, timed  # noqa: E402
+
 SIZES_MB = (1, 4, 16, 64)
 SMALL_BYTES = 4  # one float32: the time of a call is its latency
-
-
-def _timed(call: Callable[[], object], barrier: Callable[[], object], seconds: float,
-           name: str) -> float:
-    """Seconds per call: warm-up, a barrier, then as many calls as fit ``seconds`` (at least 3;
-    every rank makes as many, because rank 0's count is agreed first)."""
-    call()
-    barrier()
-    start = time.perf_counter()
-    call()
-    first = time.perf_counter() - start
-    wanted = np.array([max(3, min(200, int(seconds / max(first, 1e-6))))], np.int32)
-    repeats = int(hvd.broadcast(tf.constant(wanted), 0, name=f"repeats-{name}")[0])
-    barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    return (time.perf_counter() - start) / repeats
 
 
 def _arguments() -> argparse.Namespace:
@@ -75,43 +58,6 @@ def _arguments() -> argparse.Namespace:
         parser.error(f"--grouped={args.grouped} --seconds={args.seconds:g}: expected a number "
                      "of tensors >= 1 and a positive time")
     return args
-
-
-def hierarchical_reducer() -> tuple[Callable[[np.ndarray], Callable[[], object]],
-                                    Callable[[], object]]:
-    """(reducer, close) for ``--hierarchical``: multiworker's exchange across nodes built from
-    the pieces :mod:`tfscale.strategies.multiworker` builds it from (its ring across nodes,
-    :func:`~tfscale.exchange.cross_node.open_cross_node_ring`; transient, as for gradients),
-    Horovod standing in for the strategy's own collective while setting up."""
-    from tfscale.exchange.cross_node import cross_node_sum, open_cross_node_ring
-    from tfscale.exchange.hierarchical import HierarchicalAllReduce
-    from tfscale.exchange.setup import transient
-    from tfscale.exchange.shared_memory import SharedMemoryGroup
-    from tfscale.exchange.topology import Topology
-
-    topology = Topology.from_placement(
-        hvd.allgather_object((hvd.cross_rank(), hvd.local_rank())), hvd.rank())
-    token = int(hvd.broadcast(tf.constant(np.random.randint(1, 2**31)), 0, name="token"))
-    node = SharedMemoryGroup(f"bench{token}", topology.local_index, topology.local_size,
-                             ranks=topology.nodes[topology.node_index])
-    ring = open_cross_node_ring(
-        topology, hvd.allgather_object(socket.gethostname()), token,
-        lambda values: hvd.allreduce(tf.constant(values), op=hvd.Sum, name="ports").numpy(),
-        120.0)
-    reduce = transient(HierarchicalAllReduce.with_cross_sum(
-        node, topology, cross_node_sum(ring), "bench.hierarchical"))
-
-    def reducer(values: np.ndarray) -> Callable[[], object]:
-        tensor = tf.constant(values)
-        call = tf.function(lambda: reduce.sum([tensor])[0][:1])
-        # A timing of a wrong sum times nothing: its first value, checked once per size.
-        summed, expected = float(call().numpy()[0]), float(values[0]) * hvd.size()
-        if summed != expected:
-            raise RuntimeError(f"--hierarchical: {values.nbytes} bytes summed over "
-                               f"{hvd.size()} ranks gave {summed:g}, expected {expected:g}")
-        return lambda: call().numpy()
-
-    return reducer, ring.close
 
 
 def main() -> None:
@@ -154,11 +100,10 @@ def main() -> None:
             return lambda: ring.all_reduce(values)
     elif grouped > 1:
         transport = "Horovod (MPI), grouped" if hvd.mpi_enabled() else "Horovod (Gloo), grouped"
+        group = grouped_reducer(grouped)
 
         def reducer(values: np.ndarray) -> Callable[[], object]:
-            tensors = [tf.constant(part) for part in np.array_split(values, grouped)]
-            return lambda: [t.numpy() for t in hvd.grouped_allreduce(
-                tensors, op=hvd.Sum, name=f"g{values.size}")]
+            return group(values)
     else:
         transport = "Horovod (MPI)" if hvd.mpi_enabled() else "Horovod (Gloo)"
 
@@ -170,7 +115,7 @@ def main() -> None:
     rows = []
     for nbytes in (SMALL_BYTES, *(mb * 2**20 for mb in SIZES_MB)):
         values = np.ones(nbytes // np.dtype(dtype).itemsize, dtype)
-        per_call = _timed(reducer(values), barrier, args.seconds, str(nbytes))
+        per_call = timed(reducer(values), barrier, args.seconds, str(nbytes))
         rows.append({"bytes": nbytes, "seconds": per_call,
                      "busbw_GBps": nbytes / per_call * 2 * (peers - 1) / peers / 1e9})
     if hvd.rank() == 0:

@@ -97,6 +97,7 @@ from typing import Any
 
 from bench.common import OUT, ROOT, cpu_description, in_round_order, save
 from bench.transport_host_time import idle_figures
+from tfscale.cli import link_time
 from tfscale.cli.output import ends_quietly
 from tfscale.exchange.horovod_timeline import TIMELINE_FILE, load, summarize
 from tfscale.forecast.calibrate import progress_windows
@@ -240,9 +241,10 @@ IDLE_BYTES = 16 * 2**20  # the message of each transport's idle host figure, rou
 #: timings spread by 15-40% there (596-841 ms, one rank per node, the Xeon), more than the
 #: forecast's 10%.
 LINK_SECONDS = 10.0
-#: Tensors per call in the grouped link timings: between mlp's 6 gradients and resnet50's 161;
-#: Horovod's copies through its fusion buffer cost per byte, whatever the count.
-GROUPED_TENSORS = 8
+#: Tensors per call in the grouped link timings: tfscale.cli.link_time's default for a flat
+#: call (between mlp's 6 gradients and resnet50's 161; Horovod's copies through its fusion
+#: buffer cost per byte, whatever the count).
+GROUPED_TENSORS = link_time.TENSORS
 
 
 @contextlib.contextmanager

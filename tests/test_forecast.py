@@ -347,9 +347,59 @@ def test_a_hierarchical_call_timed_whole_replaces_its_phases_times(tmp_path: Pat
     assert row(timed, 2).step_ms > row(bare, 2).step_ms
     assert row(timed, 4).step_ms == row(bare, 4).step_ms
     assert row(timed, 2, "flat").step_ms == row(bare, 2, "flat").step_ms
+    # The call timed is multiworker's (tfscale's rings across): horovod's hierarchical plans,
+    # which cross on Horovod's call, keep their phases' times.
+    horovod = [forecast(Plan(machine, "mlp", "fp32", 64, 2, (("algorithm", "hierarchical"),
+                                                             ("fp16", False))), [2])[0]
+               for machine in (timed, bare)]
+    assert horovod[0].step_ms == horovod[1].step_ms
     doc["inter_node"]["hierarchical_calls"][0]["busbw_GBps"] = -1
     with pytest.raises(ValueError, match=r"hierarchical_calls\[0\].busbw_GBps' must be a number"):
         machines.parse(doc, tmp_path / "m.json")
+
+
+def test_calls_timed_across_nodes_are_added_to_a_copy_of_the_machine(tmp_path: Path) -> None:
+    """``calibrate.write_calls`` (what ``tfscale.cli.link_time`` writes): each call's entry
+    goes into the file's ``inter_node`` list of that name, replacing the entry of the same
+    shape and keeping the others; the base is untouched, and a bad entry stops before
+    ``--out`` changes."""
+    out = tmp_path / "cluster.json"
+
+    def calls(busbw: float, nodes: int = 2) -> dict[str, dict[str, Any]]:
+        return {key: {"nodes": nodes, "ranks_per_node": 2, "busbw_GBps": busbw,
+                      "source": f"{key} at {busbw}"}
+                for key in ("flat_calls", "hierarchical_calls")}
+
+    machine = calibrate.write_calls("minicluster_25gbit", out, calls(0.5))
+    assert machine.flat_call_GBps == machine.hierarchical_call_GBps == {(2, 2): 0.5}
+    assert "hierarchical_calls" not in json.loads(
+        machines.resolve("minicluster_25gbit").read_text())["inter_node"]
+    machine = calibrate.write_calls("minicluster_25gbit", out, calls(0.25))
+    machine = calibrate.write_calls("minicluster_25gbit", out, calls(0.75, nodes=4))
+    assert machine.flat_call_GBps == {(2, 2): 0.25, (4, 2): 0.75}
+    assert machine.hierarchical_call_GBps == {(2, 2): 0.25, (4, 2): 0.75}
+    assert machine.models == machines.load("minicluster_25gbit").models
+    before = out.read_text()
+    with pytest.raises(ValueError, match=r"flat_calls\[1\].busbw_GBps' must be a number"):
+        calibrate.write_calls("minicluster_25gbit", out, calls(-1.0, nodes=4))
+    assert out.read_text() == before
+
+
+def test_link_time_names_what_it_needs_before_it_times_anything(tmp_path: Path) -> None:
+    """``tfscale.cli.link_time``: a model the machine file lacks is named with the file's
+    models (before TensorFlow loads); started on one node, it says to start it across nodes
+    and writes nothing."""
+    out = tmp_path / "cluster.json"
+    command = [sys.executable, "-m", "tfscale.cli.link_time", "--machine=minicluster_25gbit",
+               f"--out={out}"]
+    proc = subprocess.run([*command, "--model=resnet"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--model=resnet" in proc.stderr, proc.stderr
+    assert "has no figures for model 'resnet'; it has: mlp, resnet50, resnet50_tiny" in proc.stderr
+    proc = subprocess.run([*command, "--model=mlp"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "1 ranks on 1 node(s)" in proc.stderr, proc.stderr
+    assert "start it on 2 or more nodes" in proc.stderr and not out.exists()
 
 
 def test_a_strategy_without_a_cycle_all_reduces_one_message_after_the_backward_pass() -> None:

@@ -293,19 +293,36 @@ def test_two_nodes_of_two_equal_one_process_on_the_combined_batch(
 
 
 @pytest.mark.usefixtures("cluster")
-def test_multiworkers_hierarchical_exchange_timed_whole_across_two_nodes() -> None:
-    """``bench.link_allreduce_worker --hierarchical``, the call bench.shaped_links charges
-    multiworker's hierarchical runs: 2 nodes x 2 ranks, the shared-memory node phases around
-    one tfscale ring per local index in one compiled function, its sum checked on every rank
-    (the worker exits non-zero on a wrong one) before each size is timed."""
+def test_link_time_writes_the_calls_a_step_makes_across_two_nodes(tmp_path: Path) -> None:
+    """``tfscale.cli.link_time`` under srun, 2 nodes x 2 ranks: it times Horovod's grouped
+    call and multiworker's whole hierarchical exchange (the shared-memory node phases around
+    one tfscale ring per local index, its sum checked on every rank first: a wrong one exits
+    non-zero) at mlp's gradient bytes, and writes both for that shape into a copy of the
+    machine file, which the forecast then charges a multiworker hierarchical 2x2 plan."""
     from bench.shaped_links import on_both_nodes
+    from tfscale.forecast import machines
+    from tfscale.forecast.predict import Plan, forecast
 
-    found = on_both_nodes("bench.link_allreduce_worker", "--seconds=0.05", "--hierarchical",
-                          local=2, timeout=240)
-    assert (found["ranks"], found["nodes"], found["rings"]) == (4, 2, 1), found
-    assert "tfscale's rings" in found["transport"], found
-    assert [row["bytes"] for row in found["sizes"]] == [mb * 2**20 for mb in (1, 4, 16, 64)]
-    assert all(row["busbw_GBps"] > 0 for row in found["sizes"]), found
+    out = tmp_path / "cluster.json"
+    found = on_both_nodes("tfscale.cli.link_time", "--machine=minicluster_25gbit",
+                          "--model=mlp", f"--out={out}", "--seconds=0.05", local=2,
+                          timeout=240)
+    machine = machines.load(str(out))
+    gradient_bytes = machine.model("mlp").gradient_bytes
+    assert (found["nodes"], found["ranks_per_node"]) == (2, 2), found
+    assert gradient_bytes - 4 * 8 < found["bytes"] <= gradient_bytes, found
+    assert machine.flat_call_GBps == {(2, 2): found["flat_calls"]}
+    assert machine.hierarchical_call_GBps == {(2, 2): found["hierarchical_calls"]}
+    assert found["hierarchical_ms"] > 0 and found["flat_ms"] > 0, found
+    sources = [entry[0]["source"] for key, entry in machine.raw["inter_node"].items()
+               if key.endswith("_calls")]
+    assert "Horovod's grouped all-reduce (MPI)" in sources[0], sources
+    assert "multiworker's hierarchical exchange" in sources[1], sources
+    row = forecast(Plan(machine, "mlp", "fp32", 64, 2, (("algorithm", "hierarchical"),
+                                                         ("fp16", False)),
+                        strategy="multiworker"), [2])[0]
+    assert row.terms_ms["bandwidth"] + row.terms_ms["latency"] == pytest.approx(
+        1e3 * 1.5 * gradient_bytes / (found["hierarchical_calls"] * 1e9))
 
 
 def test_the_cluster_module_answers_without_a_cluster() -> None:

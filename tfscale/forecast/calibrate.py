@@ -40,7 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -349,24 +349,52 @@ def write(base: str, out: Path, model: str, entry: dict[str, Any]) -> machines.M
     keeping the rates measured before at other precisions; the node's host time and step
     spread (``entry``'s ``host`` and ``stragglers``) go into the file's ``exchange`` and
     ``stragglers`` sections. Validates the result."""
+    def change(doc: dict[str, Any]) -> None:
+        model_entry = dict(entry)
+        host, stragglers = model_entry.pop("host", None), model_entry.pop("stragglers", None)
+        old = doc.setdefault("models", {}).get(model, {})
+        if old.get("batch_size") == model_entry["batch_size"]:
+            model_entry["images_per_sec"] = {**old.get("images_per_sec", {}),
+                                             **model_entry["images_per_sec"]}
+            model_entry["step_ms"] = {**old.get("step_ms", {}), **model_entry["step_ms"]}
+        doc["models"][model] = model_entry
+        if host:
+            exchange = doc.setdefault("exchange", {"overlap": False})
+            exchange.update(host_ns_per_byte=host["host_ns_per_byte"],
+                            idle_ns_per_byte=host["idle_ns_per_byte"],
+                            idle_ns_per_byte_by_transport=host["idle_ns_per_byte_by_transport"],
+                            cast_ns_per_byte=host["cast_ns_per_byte"],
+                            host_source=host["source"])
+            exchange.setdefault("source", host["source"])
+        if stragglers:
+            doc["stragglers"] = stragglers
+
+    return _edit(base, out, change)
+
+
+def write_calls(base: str, out: Path, calls: dict[str, dict[str, Any]]) -> machines.Machine:
+    """Adds each of ``calls`` (``{"flat_calls": entry, "hierarchical_calls": entry}``, each
+    entry one shape's: nodes, ranks_per_node, busbw_GBps, source) to the file's
+    ``inter_node`` list of that name, in a copy of machine ``base`` written to ``out``; an
+    entry of the same shape is replaced, the others kept. Validates the result."""
+    def change(doc: dict[str, Any]) -> None:
+        inter = doc.setdefault("inter_node", {})
+        for key, entry in calls.items():
+            shape = (entry["nodes"], entry["ranks_per_node"])
+            kept = [e for e in inter.get(key, [])
+                    if not isinstance(e, dict) or (e.get("nodes"), e.get("ranks_per_node"))
+                    != shape]
+            inter[key] = [*kept, entry]
+
+    return _edit(base, out, change)
+
+
+def _edit(base: str, out: Path, change: Callable[[dict[str, Any]], None]) -> machines.Machine:
+    """``change`` applied to ``out``'s machine where it exists, else to ``base``'s, validated,
+    then written to ``out`` whole (never half a file)."""
     source = machines.resolve(str(out)) if out.exists() else machines.resolve(base)
     doc = json.loads(source.read_text())
-    entry = dict(entry)
-    host, stragglers = entry.pop("host", None), entry.pop("stragglers", None)
-    old = doc.setdefault("models", {}).get(model, {})
-    if old.get("batch_size") == entry["batch_size"]:
-        entry["images_per_sec"] = {**old.get("images_per_sec", {}), **entry["images_per_sec"]}
-        entry["step_ms"] = {**old.get("step_ms", {}), **entry["step_ms"]}
-    doc["models"][model] = entry
-    if host:
-        exchange = doc.setdefault("exchange", {"overlap": False})
-        exchange.update(host_ns_per_byte=host["host_ns_per_byte"],
-                        idle_ns_per_byte=host["idle_ns_per_byte"],
-                        idle_ns_per_byte_by_transport=host["idle_ns_per_byte_by_transport"],
-                        cast_ns_per_byte=host["cast_ns_per_byte"], host_source=host["source"])
-        exchange.setdefault("source", host["source"])
-    if stragglers:
-        doc["stragglers"] = stragglers
+    change(doc)
     machines.parse(doc, out)
     write_json_atomic(out, doc)
     return machines.load(str(out))

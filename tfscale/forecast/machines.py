@@ -40,10 +40,10 @@ exchange's own all-reduce timed across the network in one shape (``[{"nodes": 2,
 "ranks_per_node": 2, "busbw_GBps": 0.115, "source": "..."}]``, nccl-tests' bus bandwidth of
 one call over all those ranks), charged instead of a ring's time to flat plans of exactly that
 shape whose strategy's in-node hops go through the library's shared memory (Horovod over MPI);
-``inter_node.hierarchical_calls``, the same for the hierarchical exchange's whole call (its
-node phases and its rings across, as a step runs them: ``bench.link_allreduce_worker
---hierarchical``), charged instead of its phases' times to float32 hierarchical plans of
-exactly that shape.
+``inter_node.hierarchical_calls``, the same for multiworker's hierarchical exchange's whole
+call (its node phases and tfscale's rings across, as a step runs them), charged instead of its
+phases' times to float32 hierarchical plans of exactly that shape whose strategy crosses on
+tfscale's rings (multiworker). :mod:`tfscale.cli.link_time`, run on the nodes, writes both.
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ class Machine:
     # The flat exchange's own call timed across the link, bus bandwidth by (nodes, ranks per
     # node): charged to flat plans of exactly that shape (model.Exchange.allreduce).
     flat_call_GBps: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
-    # The same for the hierarchical exchange's whole call (its three phases as a step runs
-    # them): charged to float32 hierarchical plans of exactly that shape.
+    # The same for multiworker's hierarchical exchange's whole call (its three phases as a
+    # step runs them): charged to float32 hierarchical plans of exactly that shape that cross
+    # on tfscale's rings.
     hierarchical_call_GBps: dict[tuple[int, int], float] = dataclasses.field(
         default_factory=dict)
 

@@ -170,8 +170,9 @@ def _allreduce(plan: Plan, option: Exchange, local: int, nodes: int,
     if option.algorithm == "flat":
         call = (m.flat_call_GBps.get((nodes, local), 0.0)
                 if plan.ring_transport == "shared_memory" else 0.0)
-    else:
-        call = m.hierarchical_call_GBps.get((nodes, local), 0.0)
+    else:  # the whole call timed is multiworker's: tfscale's rings across (tfscale.cli.link_time)
+        call = (m.hierarchical_call_GBps.get((nodes, local), 0.0)
+                if plan.host_transport("hierarchical") == "ring" else 0.0)
     if inter and call:
         call *= inter.bandwidth_GBps / m.inter.bandwidth_GBps
     return option.allreduce(local, nodes, intra or m.intra, inter or m.inter, host_s,
