@@ -851,6 +851,8 @@ def test_calibrate_on_mlp_writes_a_valid_machine_file(tmp_path: Path) -> None:
          "--image_size=8", "--num_classes=10"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (f"python -m tfscale.cli.link_time --machine={out} --model=mlp --out={out}"
+            in proc.stdout), proc.stdout
     machine = machines.load(str(out))
     figures, rate = machine.figures("mlp", "fp32")
     # Flatten 8x8x3 -> Dense 512 -> Dense 512 -> Dense 10, float32 weights and biases.

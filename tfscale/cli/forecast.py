@@ -272,6 +272,9 @@ def run_calibrate(train_flags: list[str]) -> int:
           f"{entry['step_ms'][precision]:.1f} ms/step, "
           f"{entry['images_per_sec'][precision]:.1f} images/s, "
           f"{entry['gradient_bytes'] / 1e6:.2f} MB of gradients -> {machine.path}")
+    print("the exchange's calls across nodes are not timed on one node: on the nodes, run "
+          "srun -N2 --ntasks-per-node=L --mpi=pmix python -m tfscale.cli.link_time "
+          f"--machine={machine.path} --model={_MODEL.value} --out={machine.path}")
     return 0
 
 
