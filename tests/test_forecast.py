@@ -396,6 +396,13 @@ def test_link_time_names_what_it_needs_before_it_times_anything(tmp_path: Path) 
                           text=True, timeout=120)
     assert proc.returncode == 2 and "--model=resnet" in proc.stderr, proc.stderr
     assert "has no figures for model 'resnet'; it has: mlp, resnet50, resnet50_tiny" in proc.stderr
+    out.write_text("{}")
+    proc = subprocess.run([*command, "--model=mlp"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and f"--out={out} exists and is not a machine file" in (
+        proc.stderr), proc.stderr
+    assert out.read_text() == "{}"
+    out.unlink()
     proc = subprocess.run([*command, "--model=mlp"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and "1 ranks on 1 node(s)" in proc.stderr, proc.stderr

@@ -150,10 +150,19 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                      "positive time and at least one tensor")
     from tfscale.forecast import machines
 
+    # Everything the write needs is checked before minutes of timing, on every rank.
     try:
         args.gradient_bytes = machines.load(args.machine).model(args.model).gradient_bytes
     except ValueError as error:
         parser.error(f"--machine={args.machine} --model={args.model}: {error}")
+    if not args.out.parent.is_dir():
+        parser.error(f"--out={args.out}: its folder {args.out.parent} does not exist")
+    if args.out.exists():
+        try:  # the file it updates (calibrate.write_calls)
+            machines.load(str(args.out))
+        except ValueError as error:
+            parser.error(f"--out={args.out} exists and is not a machine file to update: "
+                         f"{error}")
     return args
 
 
