@@ -152,7 +152,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
     # Everything the write needs is checked before minutes of timing, on every rank.
     try:
-        args.gradient_bytes = machines.load(args.machine).model(args.model).gradient_bytes
+        args.gradient_bytes = int(machines.load(args.machine).model(args.model).gradient_bytes)
     except ValueError as error:
         parser.error(f"--machine={args.machine} --model={args.model}: {error}")
     if not args.out.parent.is_dir():
