@@ -803,9 +803,12 @@ def main() -> int:
     parser.add_argument("--links", default="1,10,25", help="Gbit/s, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only the tables of the last run")
-    parser.add_argument("--result", type=Path,
+    parser.add_argument("--result", type=Path, action="append", default=[],
                         help="with --report: the saved result to tabulate (default: the last "
-                             "run's; e.g. a kept one in docs/forecast/)")
+                             "run's; e.g. a kept one in docs/forecast/); given again, the "
+                             "sets are tabulated as the rounds of one, each run and link "
+                             "forecast from its own set's figures and baselines, the "
+                             "measured and forecast rates meant over them")
     parser.add_argument("--append", action="store_true",
                         help="add --rounds rounds to the saved result (its links only)")
     parser.add_argument("--models", default=",".join(MODELS),
@@ -890,7 +893,11 @@ def main() -> int:
 
     # Its report goes to a pipe as often as to a terminal (| head): ends_quietly ends the
     # command there without a BrokenPipeError traceback.
-    result = json.loads((args.result or OUT / "shaped_links.json").read_text())
+    try:
+        result = as_rounds([json.loads(path.read_text())
+                            for path in args.result or [OUT / "shaped_links.json"]])
+    except ValueError as error:
+        parser.error(f"--result: {error}")
     for run in result["runs"]:
         if args.round_figures:
             run.pop("figures", None)
@@ -898,6 +905,32 @@ def main() -> int:
             run.pop("after_baseline_images_per_sec", None)
     print(report(result, host_ns))
     return 0
+
+
+def as_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several saved sets as the rounds of one: each set's rounds numbered on after the
+    previous set's, its links and runs kept with them (so each run is forecast from its own
+    set's figures and baselines); one set as it is.
+
+    Raises:
+        ValueError: where two sets ran a model with different flags (a mean over them would
+            mix two workloads).
+    """
+    if len(results) == 1:
+        return results[0]
+    merged: dict[str, Any] = {**results[0], "links": [], "runs": [], "models": {}}
+    offset = 0
+    for number, result in enumerate(results, 1):
+        for model, flags in result["models"].items():
+            if merged["models"].setdefault(model, flags) != flags:
+                raise ValueError(f"set {number} ran {model} with {' '.join(flags)}, an earlier "
+                                 f"one with {' '.join(merged['models'][model])}")
+        rounds = {row["round"] for row in [*result["links"], *result["runs"]]}
+        merged["links"] += [{**row, "round": row["round"] + offset} for row in result["links"]]
+        merged["runs"] += [{**run, "round": run["round"] + offset} for run in result["runs"]]
+        offset += max(rounds, default=-1) + 1
+    merged["rounds"] = offset
+    return merged
 
 
 def host_ns_flags(parser: argparse.ArgumentParser, values: list[str]) -> dict[str, float]:

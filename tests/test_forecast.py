@@ -1076,6 +1076,17 @@ def _kept_report(kept: str, *args: str) -> list[str]:
      "+15.4% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
     ("shaped_links_2026-12-07_zen4_every_layout_whole_call.json", ("--before_only",),
      "33 of 36", "+15.6% (mlp, 25 Gbit/s, 2x2 multiworker flat)"),
+    # Every layout at 25 Gbit/s, each run forecast from its own figures timed just before it,
+    # then from the round's.
+    ("shaped_links_2026-12-07_zen4_25gbit_adjacent_figures.json", (), "13 of 18",
+     "+23.3% (mlp, 25 Gbit/s, 2x2 ddl)"),
+    ("shaped_links_2026-12-07_zen4_25gbit_adjacent_figures.json", ("--round_figures",),
+     "14 of 18", "+27.5% (mlp, 25 Gbit/s, 2x2 flat)"),
+    # The three every-layout sets of that day as the rounds of one.
+    ("shaped_links_2026-12-07_zen4_every_layout.json",
+     ("--result", "docs/forecast/shaped_links_2026-12-07_zen4_every_layout_whole_call.json",
+      "--result", "docs/forecast/shaped_links_2026-12-07_zen4_25gbit_adjacent_figures.json"),
+     "33 of 36", "+11.6% (mlp, 25 Gbit/s, 2x2 flat)"),
 ])
 def test_kept_shaped_link_runs_give_the_documented_forecast_count(
         kept: str, args: tuple[str, ...], count: str, worst: str) -> None:
@@ -1087,6 +1098,34 @@ def test_kept_shaped_link_runs_give_the_documented_forecast_count(
     assert f"worst {worst}" in summary
     doc = (ROOT / "docs" / "FORECAST.md").read_text()
     assert f"**{count} within 10%; worst {worst.split()[0]}**" in doc
+
+
+def test_sets_tabulated_as_rounds_number_their_rounds_on_and_refuse_other_workloads() -> None:
+    """``--result`` given more than once: each set's rounds follow the previous set's, its
+    runs keep their own links and baselines (the merged report's counts are the kept rows
+    above); sets that ran a model with other flags are refused, naming both."""
+    from bench.shaped_links import as_rounds
+
+    kept = ROOT / "docs" / "forecast"
+    first, second = (json.loads((kept / name).read_text()) for name in (
+        "shaped_links_2026-12-07_zen4_every_layout.json",
+        "shaped_links_2026-12-07_zen4_mw_hierarchical_whole_call.json"))
+    merged = as_rounds([first, second])
+    assert merged["rounds"] == 1 + 2 and len(merged["runs"]) == len(first["runs"]) + len(
+        second["runs"])
+    assert sorted({run["round"] for run in merged["runs"]}) == [0, 1, 2]
+    assert merged["links"][len(first["links"])]["round"] == 1
+    assert as_rounds([first]) is first
+    other = json.loads((kept / "shaped_links_2026-11-27.json").read_text())
+    with pytest.raises(ValueError, match=r"set 2 ran mlp with .*--steps=200.*, an earlier one "
+                                         r"with .*--steps=1000"):
+        as_rounds([first, other])
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.shaped_links", "--report", "--result",
+         str(kept / "shaped_links_2026-12-07_zen4_every_layout.json"), "--result",
+         str(kept / "shaped_links_2026-11-27.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--result: set 2 ran mlp with" in proc.stderr, proc.stderr
 
 
 def test_shaped_link_report_shows_tfscales_ring_across_the_link_where_the_round_timed_it(
