@@ -37,6 +37,7 @@ from bench.common import (
     save,
     table,
 )
+from tfscale.cli.link_time import busbw_GBps
 from tfscale.forecast.model import FLAT_RING_LOCAL, FLAT_RING_NODES
 
 PORT = 47311
@@ -98,8 +99,8 @@ def link_row(models: tuple[str, ...], count: int = LINK_TIMINGS) -> dict[str, An
     return {"rings": 1, "timings_s": timings,
             "sizes": [{"bytes": sizes[model], "model": model,
                        "seconds_per_call": statistics.median(times),
-                       "busbw_GBps": sizes[model] / statistics.median(times)
-                       * 2 * (ranks - 1) / ranks / 1e9}
+                       "busbw_GBps": busbw_GBps(sizes[model], statistics.median(times),
+                                                 ranks)}
                       for model, times in timings.items()]}
 
 

@@ -39,7 +39,12 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfscale.cli.link_time import grouped_reducer, hierarchical_reducer, timed  # noqa: E402
+from tfscale.cli.link_time import (  # noqa: E402
+    busbw_GBps,
+    grouped_reducer,
+    hierarchical_reducer,
+    timed,
+)
 
 SIZES_MB = (1, 4, 16, 64)
 SMALL_BYTES = 4  # one float32: the time of a call is its latency
@@ -117,7 +122,7 @@ def main() -> None:
         values = np.ones(nbytes // np.dtype(dtype).itemsize, dtype)
         per_call = timed(reducer(values), barrier, args.seconds, str(nbytes))
         rows.append({"bytes": nbytes, "seconds": per_call,
-                     "busbw_GBps": nbytes / per_call * 2 * (peers - 1) / peers / 1e9})
+                     "busbw_GBps": busbw_GBps(nbytes, per_call, peers)})
     if hvd.rank() == 0:
         print(json.dumps({"ranks": hvd.size(), "nodes": hvd.cross_size(),
                           "rings": n // peers, "transport": transport,
